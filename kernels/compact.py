@@ -1,0 +1,73 @@
+"""Triton kernels: per-head in-place compaction of each request's region.
+
+Two launches per chunk of layers: gather the kept rows of every (request, layer, head)
+into a scratch buffer, then scatter them back into the region's first B slots. The
+scratch makes the in-place move safe whatever the kept order: a kept source may sit
+anywhere in the region, including in slots that the move overwrites.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import check_layout, pow2
+
+# Scratch bytes per launch chunk; bounds the workspace whatever the batch size.
+SCRATCH_BYTES = 256 << 20
+
+
+@triton.jit
+def _move_kernel(
+    buf_ptr, slots_ptr, keep_ptr, scratch_ptr,
+    B, D, n_heads, layer0,
+    s_bl, s_bs, s_bh, s_bd,
+    s_sr, s_sc,
+    s_kr, s_kl, s_kh, s_kb,
+    TO_SCRATCH: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # One program: (request, local layer x head, block of kept positions).
+    r = tl.program_id(0)
+    lh = tl.program_id(1)
+    jb = tl.program_id(2)
+    n_lh = tl.num_programs(1)
+    local_layer = lh // n_heads
+    h = lh % n_heads
+    layer = layer0 + local_layer
+    offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_j = offs_j < B
+    mask = mask_j[:, None] & (offs_d[None, :] < D)
+    scratch = scratch_ptr + ((r * n_lh + lh) * B + offs_j[:, None]) * D + offs_d[None, :]
+    if TO_SCRATCH:
+        pos = tl.load(keep_ptr + r * s_kr + layer * s_kl + h * s_kh + offs_j * s_kb, mask=mask_j, other=0)
+        slot = tl.load(slots_ptr + r * s_sr + pos * s_sc, mask=mask_j, other=0).to(tl.int64)
+        src = buf_ptr + layer * s_bl + slot[:, None] * s_bs + h * s_bh + offs_d[None, :] * s_bd
+        tl.store(scratch, tl.load(src, mask=mask), mask=mask)
+    else:
+        slot = tl.load(slots_ptr + r * s_sr + offs_j * s_sc, mask=mask_j, other=0).to(tl.int64)
+        dst = buf_ptr + layer * s_bl + slot[:, None] * s_bs + h * s_bh + offs_d[None, :] * s_bd
+        tl.store(dst, tl.load(scratch, mask=mask), mask=mask)
+
+
+def compact(k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, keep: torch.Tensor) -> None:
+    check_layout(k_buf, slots)
+    n_req, n_layers, n_heads, b = keep.shape
+    d = k_buf.shape[-1]
+    if n_req == 0:
+        return
+    per_layer = n_req * n_heads * b * d * k_buf.element_size()
+    chunk = max(1, min(n_layers, SCRATCH_BYTES // max(1, per_layer)))
+    scratch = torch.empty((n_req, chunk * n_heads, b, d), dtype=k_buf.dtype, device=k_buf.device)
+    block_j = 64
+    for layer0 in range(0, n_layers, chunk):
+        n = min(chunk, n_layers - layer0)
+        grid = (n_req, n * n_heads, triton.cdiv(b, block_j))
+        for buf in (k_buf, v_buf):
+            for to_scratch in (True, False):
+                _move_kernel[grid](
+                    buf, slots, keep, scratch, b, d, n_heads, layer0,
+                    *buf.stride(), *slots.stride(), *keep.stride(),
+                    TO_SCRATCH=to_scratch, BLOCK_J=block_j, BLOCK_D=pow2(d),
+                )

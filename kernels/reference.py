@@ -1,0 +1,156 @@
+"""Pure-torch reference of every kernel: the readable specification.
+
+Layout shared by all ops (the layout of SGLang's ``MHATokenToKVPool``):
+
+* ``k_buf``, ``v_buf``: ``[n_layers, n_slots, kv_heads, head_dim]`` token-indexed buffers
+  (any strides; a stacked view over per-layer buffers is fine).
+* ``slots``: ``[n_req, L]`` integer slot index of each position of a request's region,
+  like a row of SGLang's ``req_to_token``. The first ``C`` positions are the candidates.
+* Scores are returned as float32 ``[n_req, n_layers, kv_heads, C]``.
+
+The Triton kernels in this package must reproduce these functions: exactly for
+indices and gathers, within a stated tolerance for scores.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def gather_region(buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``[n_layers, S, H, D]`` x ``[n_req, C]`` -> ``[n_req, n_layers, H, C, D]``."""
+    rows = buf[:, slots.long()]  # [n_layers, n_req, C, H, D]
+    return rows.permute(1, 0, 3, 2, 4)
+
+
+def value_stat(v_buf: torch.Tensor, slots: torch.Tensor, stat: str) -> torch.Tensor:
+    """Per-slot magnitude of each candidate value vector, over the head_dim channels."""
+    v = gather_region(v_buf, slots).float()
+    if stat == "range":
+        return v.amax(-1) - v.amin(-1)
+    if stat == "l2":
+        return v.norm(dim=-1)
+    if stat == "variance":
+        # Population variance: the statistic is a magnitude, not an estimator.
+        return v.var(dim=-1, unbiased=False)
+    if stat == "absmax":
+        return v.abs().amax(-1)
+    raise ValueError(f"unknown value statistic {stat!r}")
+
+
+def window_attention_score(
+    queries: torch.Tensor,
+    k_buf: torch.Tensor,
+    slots: torch.Tensor,
+    temperature: float = 1.0,
+    smoothing_kernel: int = 5,
+) -> torch.Tensor:
+    """SnapKV-style importance of each candidate for the last R queries.
+
+    ``queries``: ``[n_req, n_layers, Hq, R, D]`` post-RoPE queries of the recent window.
+    For each query head: logits ``q.k / (sqrt(D) T)`` over the candidates only, softmax
+    over the candidates, mean over the R queries, 1-D average pool (kernel 5, stride 1,
+    zero "same" padding, as kvpress), then mean over the GQA group of each KV head.
+    """
+    n_req, n_layers, hq, r, d = queries.shape
+    k = gather_region(k_buf, slots).float()  # [n_req, n_layers, Hkv, C, D]
+    hkv, c = k.shape[2], k.shape[3]
+    group = hq // hkv
+    q = queries.float().reshape(n_req, n_layers, hkv, group, r, d)
+    logits = torch.einsum("nlhgrd,nlhcd->nlhgrc", q, k) / (math.sqrt(d) * temperature)
+    probs = logits.softmax(dim=-1).mean(dim=-2)  # [n_req, n_layers, Hkv, group, C]
+    if smoothing_kernel > 1:
+        flat = probs.reshape(-1, 1, c)
+        flat = F.avg_pool1d(flat, kernel_size=smoothing_kernel, stride=1, padding=smoothing_kernel // 2)
+        probs = flat.reshape(n_req, n_layers, hkv, group, c)
+    return probs.mean(dim=3)
+
+
+def cur_score(k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, sketch: torch.Tensor) -> torch.Tensor:
+    """Approximate CUR leverage (CurDKV): ``||k G||^2 * ||v G||^2``, normalised to sum 1 per head.
+
+    ``sketch``: ``[n_req, n_layers, D, r]``, shared by the KV heads of a layer.
+    """
+    k = gather_region(k_buf, slots).float()
+    v = gather_region(v_buf, slots).float()
+    g = sketch.float()[:, :, None]  # [n_req, n_layers, 1, D, r]
+    kg = (k @ g).square().sum(-1)
+    vg = (v @ g).square().sum(-1)
+    s = kg * vg
+    return s / s.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def key_redundancy(k_buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """R-KV redundancy: softmax over candidates of the mean cosine similarity to the others."""
+    k = gather_region(k_buf, slots).float()
+    kn = k / (k.norm(dim=-1, keepdim=True) + 1e-8)
+    sim = kn @ kn.transpose(-1, -2)
+    sim.diagonal(dim1=-2, dim2=-1).zero_()
+    return sim.mean(dim=-1).softmax(dim=-1)
+
+
+def select(
+    fill_key: torch.Tensor,
+    n_sink: int,
+    n_large: int,
+    n_fill: int,
+    reserve_key: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Choose candidate positions per row of ``[..., C]`` keys.
+
+    Output ``[..., n_sink + n_large + n_fill]`` int64, in this order:
+
+    1. the sinks, positions ``0 .. n_sink-1``;
+    2. the ``n_large`` non-sink positions with the largest ``reserve_key``, by descending key;
+    3. ``n_fill`` of the rest, by descending ``fill_key`` (``fill_key / noise`` when ``noise``
+       is given).
+
+    With ``noise`` drawn i.i.d. Exp(1), step 3 is sampling without replacement in
+    proportion to ``fill_key``, in draw order: ``argmax w/E = argmax log w - log E`` and
+    ``-log E`` is Gumbel(0, 1), so this is Gumbel-top-k.
+
+    Ties are broken towards the lower position. Keys must be finite.
+    """
+    c = fill_key.shape[-1]
+    if n_sink + n_large + n_fill > c:
+        raise ValueError(f"cannot keep {n_sink + n_large + n_fill} of {c} candidates")
+    pos = torch.arange(c, device=fill_key.device)
+    eligible = (pos >= n_sink).expand(fill_key.shape).clone()
+    parts = [pos[:n_sink].expand(*fill_key.shape[:-1], n_sink)]
+    if n_large > 0:
+        if reserve_key is None:
+            raise ValueError("n_large > 0 needs a reserve_key")
+        masked = reserve_key.float().masked_fill(~eligible, float("-inf"))
+        reserved = torch.sort(masked, dim=-1, descending=True, stable=True).indices[..., :n_large]
+        eligible.scatter_(-1, reserved, False)
+        parts.append(reserved)
+    key = fill_key.float()
+    if noise is not None:
+        key = key / noise.float()
+    key = key.masked_fill(~eligible, float("-inf"))
+    parts.append(torch.sort(key, dim=-1, descending=True, stable=True).indices[..., :n_fill])
+    return torch.cat(parts, dim=-1)
+
+
+def compact(k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, keep: torch.Tensor) -> None:
+    """Compact each request's region in place, per (layer, KV head).
+
+    ``keep``: ``[n_req, n_layers, H, B]`` region positions to keep, in the order they are
+    to be stored. Afterwards, for every (request r, layer l, head h, j < B)::
+
+        buf[l, slots[r, j], h] == old buf[l, slots[r, keep[r, l, h, j]], h]
+
+    The region's slots themselves never change; only the data inside them moves.
+    """
+    n_req, n_layers, n_heads, b = keep.shape
+    src_slot = torch.gather(slots.long()[:, None, None, :].expand(n_req, n_layers, n_heads, -1), -1, keep.long())
+    dst_slot = slots.long()[:, None, None, :b].expand(n_req, n_layers, n_heads, b)
+    layer = torch.arange(n_layers, device=keep.device)[None, :, None, None].expand_as(src_slot)
+    head = torch.arange(n_heads, device=keep.device)[None, None, :, None].expand_as(src_slot)
+    for buf in (k_buf, v_buf):
+        moved = buf[layer, src_slot, head]  # advanced indexing copies: every read precedes the writes
+        buf[layer, dst_slot, head] = moved

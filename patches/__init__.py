@@ -1,0 +1,1 @@
+"""SGLang hooks (installed as ``vase_sglang.patches``): one module per SGLang area."""

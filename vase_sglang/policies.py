@@ -1,0 +1,301 @@
+"""KV eviction policies: one small class per method, each with one ``score`` function.
+
+A policy looks at a batch of full regions (``budget + recent`` positions per request,
+layer and KV head) and returns, per (request, layer, KV head), the ``budget`` positions
+to keep, in the order they are to be stored:
+
+    sinks (positions 0..sinks-1)
+    -> reserved slots (VaSE only: top ``n_large`` by the value statistic, descending)
+    -> the fill (sampled in draw order, or top-k by descending score)
+    -> the ``recent`` newest positions, in slot order.
+
+The order matters: the next round's smoothing sees neighbours in storage order
+(VASE-ALGORITHM.md §1.4). Nothing here knows about SGLang; the math lives in
+``vase_sglang.kernels`` (Triton, with a torch reference beside each kernel).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import torch
+
+from .config import PolicyConfig
+from .kernels import ops
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(*parts: int) -> int:
+    """Deterministic 63-bit seed from integers (splitmix64 finaliser over each part)."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h = (h ^ (int(p) & _MASK64)) & _MASK64
+        h = (h + 0x9E3779B97F4A7C15) & _MASK64
+        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
+        h ^= h >> 31
+    return h & ((1 << 63) - 1)
+
+
+# Stream tags keep the noise of different uses independent for the same seed.
+_NOISE_STREAM = 1
+_SKETCH_STREAM = 2
+
+
+@dataclass
+class Regions:
+    """A batch of full regions, addressed the way SGLang stores KV.
+
+    ``k_buf``/``v_buf``: ``[n_layers, n_slots, kv_heads, head_dim]`` token-indexed buffers.
+    ``slots``: ``[n_req, budget + recent]`` slot of each region position, oldest first.
+    ``queries``: ``[n_req, n_layers, q_heads, recent, head_dim]`` post-RoPE queries of the
+    recent window (only policies with ``needs_queries``).
+    ``seeds``/``rounds``: per request, the policy seed and the index of this round.
+    """
+
+    k_buf: torch.Tensor
+    v_buf: torch.Tensor
+    slots: torch.Tensor
+    seeds: Sequence[int]
+    rounds: Sequence[int]
+    queries: torch.Tensor | None = None
+
+    @property
+    def n_req(self) -> int:
+        return self.slots.shape[0]
+
+    @property
+    def n_layers(self) -> int:
+        return self.k_buf.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.k_buf.shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.k_buf.device
+
+    def candidates(self, recent: int) -> torch.Tensor:
+        return self.slots[:, : self.slots.shape[1] - recent]
+
+    @classmethod
+    def from_dense(
+        cls,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        queries: torch.Tensor | None = None,
+        seeds: Sequence[int] | None = None,
+        rounds: Sequence[int] | None = None,
+        shuffle_slots: torch.Generator | None = None,
+    ) -> "Regions":
+        """Pack dense ``[n_req, n_layers, H, L, D]`` K/V into a token-indexed buffer.
+
+        Slot 0 stays unused (SGLang's padding slot). With ``shuffle_slots``, regions get
+        scattered, non-contiguous slots, like rows of ``req_to_token``.
+        """
+        n_req, n_layers, n_heads, length, d = keys.shape
+        n_slots = n_req * length + 1
+        order = (
+            torch.randperm(n_req * length, generator=shuffle_slots)
+            if shuffle_slots is not None
+            else torch.arange(n_req * length)
+        )
+        slots = (order + 1).reshape(n_req, length).to(keys.device)
+        k_buf = torch.zeros((n_layers, n_slots, n_heads, d), dtype=keys.dtype, device=keys.device)
+        v_buf = torch.zeros_like(k_buf)
+        k_buf[:, slots] = keys.permute(1, 0, 3, 2, 4)
+        v_buf[:, slots] = values.permute(1, 0, 3, 2, 4)
+        return cls(
+            k_buf=k_buf,
+            v_buf=v_buf,
+            slots=slots,
+            queries=queries,
+            seeds=list(seeds) if seeds is not None else [0] * n_req,
+            rounds=list(rounds) if rounds is not None else [0] * n_req,
+        )
+
+
+@dataclass
+class Scores:
+    """What a policy's ``score`` returns: ``[n_req, n_layers, H, C]`` float32 tensors."""
+
+    fill: torch.Tensor
+    reserve: torch.Tensor | None = None
+
+
+class Policy:
+    """Base class: subclasses set ``name`` and implement ``score``."""
+
+    name: ClassVar[str]
+    needs_queries: ClassVar[bool] = False
+    stochastic: ClassVar[bool] = False
+    evicts: ClassVar[bool] = True
+
+    def __init__(self, config: PolicyConfig, backend: str | None = None):
+        self.config = config
+        self.backend = backend
+
+    # -- to implement ---------------------------------------------------------------
+    def score(self, regions: Regions) -> Scores:
+        raise NotImplementedError
+
+    # -- shared machinery -----------------------------------------------------------
+    def _generator(self, device: torch.device, *parts: int) -> torch.Generator:
+        return torch.Generator(device=device).manual_seed(mix_seed(*parts))
+
+    def noise(self, regions: Regions, shape: torch.Size) -> torch.Tensor:
+        """Exp(1) noise, independent per (request, round, layer, head, candidate)."""
+        per_req = []
+        for seed, rnd in zip(regions.seeds, regions.rounds):
+            g = self._generator(regions.device, seed, rnd, _NOISE_STREAM)
+            e = torch.empty(shape[1:], dtype=torch.float32, device=regions.device).exponential_(generator=g)
+            per_req.append(e.clamp_min_(torch.finfo(torch.float32).tiny))
+        return torch.stack(per_req)
+
+    def _check(self, regions: Regions) -> None:
+        cfg = self.config
+        if regions.slots.shape[1] != cfg.region_size:
+            raise ValueError(
+                f"{self.name}: region has {regions.slots.shape[1]} positions, expected budget + recent = {cfg.region_size}"
+            )
+        if self.needs_queries:
+            q = regions.queries
+            if q is None:
+                raise ValueError(f"{self.name} needs the window queries")
+            if q.shape[0] != regions.n_req or q.shape[1] != regions.n_layers or q.shape[3] != cfg.recent:
+                raise ValueError(f"{self.name}: queries must be [n_req, n_layers, Hq, recent={cfg.recent}, D], got {tuple(q.shape)}")
+
+    def select(self, regions: Regions) -> torch.Tensor:
+        """``[n_req, n_layers, H, budget]`` region positions to keep, in storage order."""
+        self._check(regions)
+        cfg = self.config
+        scores = self.score(regions)
+        n_large = cfg.large if scores.reserve is not None else 0
+        n_fill = cfg.keep_candidates - cfg.sinks - n_large
+        noise = self.noise(regions, scores.fill.shape) if self.stochastic else None
+        kept = ops.select(scores.fill, cfg.sinks, n_large, n_fill, scores.reserve, noise, backend=self.backend)
+        return torch.cat([kept, self._recent(regions)], dim=-1)
+
+    def _recent(self, regions: Regions) -> torch.Tensor:
+        c = self.config.budget
+        recent = torch.arange(c, c + self.config.recent, device=regions.device)
+        return recent.expand(regions.n_req, regions.n_layers, regions.n_heads, -1)
+
+    def window_attention(self, regions: Regions) -> torch.Tensor:
+        cfg = self.config
+        return ops.window_attention_score(
+            regions.queries, regions.k_buf, regions.candidates(cfg.recent),
+            cfg.temperature, cfg.smoothing_kernel, backend=self.backend,
+        )
+
+
+class VaSEAttnV(Policy):
+    """VaSE-AttnV: reserve top-``n_large`` by value range, sample the rest by window attention."""
+
+    name = "vase"
+    needs_queries = True
+    stochastic = True
+
+    def score(self, regions: Regions) -> Scores:
+        reserve = ops.value_stat(regions.v_buf, regions.candidates(self.config.recent), self.config.value_stat,
+                                 backend=self.backend)
+        return Scores(fill=self.window_attention(regions), reserve=reserve)
+
+
+class SnapKV(Policy):
+    """SnapKV at decode time: deterministic top-k of the smoothed window attention."""
+
+    name = "snapkv"
+    needs_queries = True
+
+    def score(self, regions: Regions) -> Scores:
+        return Scores(fill=self.window_attention(regions))
+
+
+class RKV(Policy):
+    """R-KV: ``lambda * attention - (1 - lambda) * key redundancy``, deterministic top-k."""
+
+    name = "rkv"
+    needs_queries = True
+
+    def score(self, regions: Regions) -> Scores:
+        lam = self.config.rkv_lambda
+        red = ops.key_redundancy(regions.k_buf, regions.candidates(self.config.recent), backend=self.backend)
+        return Scores(fill=lam * self.window_attention(regions) - (1.0 - lam) * red)
+
+
+class CurDKV(Policy):
+    """CurDKV: CUR leverage ``||kG||^2 ||vG||^2`` with a sketch fixed per request and layer."""
+
+    name = "curdkv"
+    resample_sketch: ClassVar[bool] = False
+
+    def sketch(self, regions: Regions) -> torch.Tensor:
+        d, rank = regions.k_buf.shape[-1], self.config.sketch_rank
+        out = []
+        for seed, rnd in zip(regions.seeds, regions.rounds):
+            parts = (seed, rnd, _SKETCH_STREAM) if self.resample_sketch else (seed, _SKETCH_STREAM)
+            g = self._generator(regions.device, *parts)
+            out.append(torch.randn((regions.n_layers, d, rank), generator=g, device=regions.device) / math.sqrt(rank))
+        return torch.stack(out)
+
+    def score(self, regions: Regions) -> Scores:
+        cand = regions.candidates(self.config.recent)
+        return Scores(fill=ops.cur_score(regions.k_buf, regions.v_buf, cand, self.sketch(regions), backend=self.backend))
+
+
+class VaSEDKV(CurDKV):
+    """VaSE-DKV: CurDKV with the Gaussian sketch resampled at every round."""
+
+    name = "vase-dkv"
+    resample_sketch = True
+
+
+class RandomEviction(Policy):
+    """Uniform sampling without replacement among the non-sink candidates."""
+
+    name = "random"
+    stochastic = True
+
+    def score(self, regions: Regions) -> Scores:
+        c = self.config.budget
+        return Scores(fill=torch.ones((regions.n_req, regions.n_layers, regions.n_heads, c), device=regions.device))
+
+
+class StreamingLLM(Policy):
+    """Sinks plus the newest tokens: keeps the last ``budget - sinks`` positions, in slot order."""
+
+    name = "streamingllm"
+
+    def select(self, regions: Regions) -> torch.Tensor:
+        self._check(regions)
+        cfg = self.config
+        n_newest = cfg.keep_candidates - cfg.sinks
+        keep = torch.cat([
+            torch.arange(cfg.sinks, device=regions.device),
+            torch.arange(cfg.budget - n_newest, cfg.region_size, device=regions.device),
+        ])
+        return keep.expand(regions.n_req, regions.n_layers, regions.n_heads, -1)
+
+
+class FullCache(Policy):
+    """``none``: the full cache; never evicts."""
+
+    name = "none"
+    evicts = False
+
+    def select(self, regions: Regions) -> torch.Tensor:
+        raise RuntimeError("policy 'none' keeps the full cache and never selects")
+
+
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls for cls in (FullCache, VaSEAttnV, VaSEDKV, SnapKV, RKV, CurDKV, StreamingLLM, RandomEviction)
+}
+
+
+def make_policy(config: PolicyConfig, backend: str | None = None) -> Policy:
+    return POLICIES[config.policy](config, backend=backend)
