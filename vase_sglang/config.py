@@ -61,7 +61,7 @@ def _require_float(name: str, value: Any, *, positive: bool, upper: float | None
         raise PolicyConfigError(name, value, f"must be in [0, {upper}]")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PolicyConfig:
     """Everything a KV eviction policy needs to know. Construct it once; it validates itself."""
 
@@ -137,6 +137,13 @@ class PolicyConfig:
     @property
     def evicts(self) -> bool:
         return self.policy != "none"
+
+    # Equal when the resolved settings are equal (n_large=None and n_large=B/4 are the same).
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PolicyConfig) and self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.to_dict().items())))
 
     # ---- (de)serialisation ---------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m vase_sglang.bench.kernels`` (kernels vs torch reference)."""
