@@ -1,0 +1,92 @@
+"""Server flags and per-request fields: values, defaults and the wording of errors."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from vase_sglang.config import PolicyConfig, PolicyConfigError
+from vase_sglang.options import add_cli_flags, config_from_flags, export_config, exported_config, request_config
+
+
+def test_flags_parse_and_show_in_help(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="launch_server")
+    add_cli_flags(parser)
+    ns = parser.parse_args(["--kv-policy", "vase", "--kv-budget", "128", "--kv-recent", "32"])
+    cfg = config_from_flags(ns.kv_policy, ns.kv_budget, ns.kv_recent, ns.kv_seed, ns.kv_policy_config)
+    assert (cfg.policy, cfg.budget, cfg.recent, cfg.large) == ("vase", 128, 32, 32)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    out = capsys.readouterr().out
+    for flag in ("--kv-policy", "--kv-budget", "--kv-recent", "--kv-seed", "--kv-policy-config"):
+        assert flag in out
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--kv-policy", "bogus"])
+    assert "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"policy": "vase", "budget": 100, "recent": 64}, "invalid --kv-budget 100: must be a multiple of recent=64"),
+        ({"policy": "vase", "recent": 100}, "invalid --kv-budget 4096: must be a multiple of recent=100"),
+        ({"policy": "vase", "policy_config": '{"n_large": 5000}'}, "invalid --kv-policy-config field 'n_large' 5000"),
+        ({"policy": "vase", "policy_config": '{"bogus": 1}'}, "--kv-policy-config field 'bogus' 1: unknown field"),
+        ({"policy": "vase", "policy_config": "{not json"}, "invalid --kv-policy-config '{not json': must be valid JSON"),
+        ({"policy": "vase", "budget": 256, "policy_config": '{"budget": 128}'}, "given both as --kv-budget"),
+        ({"policy": "vase", "policy_config": '{"policy": "rkv"}'}, "set it with --kv-policy"),
+        ({"policy": "bogus"}, "invalid --kv-policy 'bogus': must be one of none, vase"),
+    ],
+)
+def test_flag_errors_name_the_flag(kwargs: dict, message: str) -> None:
+    with pytest.raises(PolicyConfigError) as err:
+        config_from_flags(**kwargs)
+    assert message in str(err.value)
+
+
+def test_export_roundtrip(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VASE_SGLANG_CONFIG", raising=False)
+    assert exported_config().policy == "none"
+    cfg = config_from_flags("vase-dkv", 256, 32, 9, '{"sketch_rank": 8}')
+    export_config(cfg)
+    assert exported_config() == cfg
+
+
+SERVER = PolicyConfig(policy="vase", budget=256, recent=32, seed=1)
+
+
+def test_request_overrides() -> None:
+    assert request_config(SERVER, None) is SERVER
+    assert request_config(SERVER, {"unrelated": 1}) is SERVER
+    assert request_config(SERVER, {"kv_policy": "none"}).policy == "none"
+    small = request_config(SERVER, {"kv_budget": 128, "kv_seed": 5})
+    assert (small.budget, small.seed, small.large, small.recent) == (128, 5, 32, 32)
+    assert request_config(SERVER, {"kv_policy": "vase-dkv"}).policy == "vase-dkv"
+
+
+@pytest.mark.parametrize(
+    ("params", "field", "needle"),
+    [
+        ({"kv_budget": 512}, "kv_budget", "<= the server's --kv-budget 256"),
+        ({"kv_budget": 100}, "kv_budget", "multiple of recent=32"),
+        ({"kv_budget": "big"}, "kv_budget", "integer"),
+        ({"kv_policy": "bogus"}, "kv_policy", "must be one of"),
+        ({"kv_seed": -1}, "kv_seed", ">= 0"),
+        ({"kv_recent": 16}, "kv_recent", "cannot be set per request"),
+        ({"kv_n_large": 1000}, "kv_n_large", "budget - recent - sinks"),
+    ],
+)
+def test_bad_request_fields(params: dict, field: str, needle: str) -> None:
+    with pytest.raises(PolicyConfigError) as err:
+        request_config(SERVER, params)
+    assert err.value.field_name == field
+    assert needle in str(err.value) and field in str(err.value)
+
+
+def test_request_policy_needing_queries_on_a_server_without_them() -> None:
+    server = PolicyConfig(policy="vase-dkv", budget=256, recent=32)
+    with pytest.raises(PolicyConfigError, match="needs attention queries"):
+        request_config(server, {"kv_policy": "vase"})
+    with pytest.raises(PolicyConfigError, match="--kv-policy none"):
+        request_config(PolicyConfig(policy="none"), {"kv_policy": "vase"})
