@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv and installs vase-sglang (editable) with the named extras.
+# Creates .venv and installs vase-sglang with the named extras. A regular (not
+# editable) install: only a wheel carries vase_sglang_cpu_mode.pth into site-packages.
 # Usage: scripts/setup.sh [extra[,extra...]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +12,9 @@ spec="."
 [ -n "$extras" ] && spec=".[${extras}]"
 # Quiet unless it fails: a first install prints thousands of lines.
 log=$(mktemp)
-if ! .venv/bin/python -m pip install --disable-pip-version-check -e "$spec" >"$log" 2>&1; then
+pip=(.venv/bin/python -m pip install --disable-pip-version-check)
+# First the dependencies (a no-op once present), then always this checkout's code.
+if ! { "${pip[@]}" "$spec" && "${pip[@]}" --force-reinstall --no-deps .; } >"$log" 2>&1; then
   cat "$log" >&2
   exit 1
 fi

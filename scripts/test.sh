@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 set +e
-.venv/bin/python -m pytest "$@"
+# Not `python -m pytest`: that would put the checkout on sys.path ahead of the install.
+.venv/bin/pytest "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -8,6 +8,16 @@ Layers, from the bottom:
 * ``vase_sglang.patches``   -- the thin SGLang glue (hooks on named targets).
 """
 
+import os as _os
+
+# In a source checkout, kernels/ and patches/ sit beside this folder rather than inside
+# it (the installed package maps them to vase_sglang.kernels / vase_sglang.patches).
+_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if not _os.path.isdir(_os.path.join(_os.path.dirname(__file__), "kernels")) and _os.path.isfile(
+    _os.path.join(_root, "kernels", "ops.py")
+):
+    __path__.append(_root)  # noqa: F821 - the package's own __path__
+
 from .config import POLICY_NAMES, VALUE_STATS, PolicyConfig, PolicyConfigError
 
 __version__ = "0.1.0"
