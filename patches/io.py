@@ -1,0 +1,125 @@
+"""Request I/O: per-request validation, meta_info fields, ``GET /kv_policy`` and metrics.
+
+Main process:
+
+* ``SamplingParams.verify`` AFTER: a bad ``custom_params`` kv field raises ValueError,
+  which SGLang turns into HTTP 400; the server keeps running.
+* ``TokenizerManager.update_request_meta_info`` AROUND: our meta_info values are
+  scalars, not per-token lists.
+* ``http_server.launch_server`` BEFORE: add ``GET /kv_policy``.
+
+Scheduler process:
+
+* ``Scheduler.get_output_streamer_class`` REPLACE: send ``kv_region_len``,
+  ``kv_evicted_tokens`` and ``kv_eviction_rounds`` with every output.
+* ``SchedulerInternalStateController.get_internal_state`` AFTER: live totals, which
+  ``/kv_policy`` reads through SGLang's own internal-state request.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+from typing import Any
+
+from vase_sglang.options import exported_config, request_config
+
+from . import state
+from .hooks import AFTER, AROUND, BEFORE, REPLACE, hook
+
+logger = logging.getLogger("vase_sglang.patches.io")
+
+META_KEYS = ("kv_region_len", "kv_evicted_tokens", "kv_eviction_rounds")
+
+
+@hook("sglang.srt.sampling.sampling_params.SamplingParams.verify", AFTER)
+def _verify_custom_params(result: Any, params: Any, *args: Any, **kwargs: Any) -> None:
+    custom = getattr(params, "custom_params", None)
+    if custom:
+        request_config(exported_config(), custom)  # PolicyConfigError is a ValueError -> 400
+
+
+@hook("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", AROUND)
+def _scalar_meta(original, manager: Any, meta_info: dict, *args: Any, **kwargs: Any) -> None:
+    original(manager, meta_info, *args, **kwargs)
+    for key in META_KEYS:
+        value = meta_info.get(key)
+        if isinstance(value, list) and value:
+            meta_info[key] = value[-1]
+
+
+def _meta_for(req: Any) -> tuple[int, int, int]:
+    st = getattr(req, "_vase", None)
+    if st is None:
+        return (max(0, len(req.output_ids) - 1), 0, 0)
+    return (st.region_len, st.evicted, st.rounds)
+
+
+def _streamer_class() -> type:
+    from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
+
+    class VaseOutputStreamer(SchedulerOutputStreamer):
+        has_additional_customized_info = True
+
+        def build_additional_customized_info(self, reqs: list) -> dict[str, list]:
+            base = super().build_additional_customized_info(reqs)
+            values = [_meta_for(r) for r in reqs]
+            for j, key in enumerate(META_KEYS):
+                base[key] = [[v[j]] for v in values]
+            return base
+
+    return VaseOutputStreamer
+
+
+@hook("sglang.srt.managers.scheduler.Scheduler.get_output_streamer_class", REPLACE)
+def _get_output_streamer_class(scheduler: Any) -> type:
+    return _streamer_class()
+
+
+def totals() -> dict[str, Any]:
+    rt = state.runtime
+    if rt is None:
+        return {}
+    t = rt.totals
+    lat = sorted(t.round_seconds)
+    return {
+        "eviction_rounds": t.rounds,
+        "tokens_evicted": t.tokens_evicted,
+        "round_latency_ms_p50": round(1e3 * statistics.median(lat), 3) if lat else None,
+        "round_latency_ms_max": round(1e3 * lat[-1], 3) if lat else None,
+        "query_ring_bytes": int(rt.qbuf.numel() * rt.qbuf.element_size()) if rt.qbuf is not None else 0,
+    }
+
+
+@hook("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
+      AFTER)
+def _internal_state(result: Any, controller: Any, *args: Any, **kwargs: Any) -> None:
+    result.internal_state["vase"] = totals()
+
+
+async def kv_policy_route() -> dict[str, Any]:
+    from sglang.srt.entrypoints import http_server
+
+    cfg = exported_config()
+    live = {}
+    manager = getattr(http_server, "_global_state", None)
+    manager = getattr(manager, "tokenizer_manager", None)
+    if manager is not None:
+        states = await manager.get_internal_state()
+        per_rank = [s.get("vase", {}) for s in states]
+        live = {k: sum(r.get(k) or 0 for r in per_rank) for k in ("eviction_rounds", "tokens_evicted")}
+        live["per_rank"] = per_rank
+    return {"policy": cfg.policy, "config": cfg.to_dict(), "totals": live}
+
+
+@hook("sglang.srt.entrypoints.http_server.launch_server", BEFORE)
+def _add_route(*args: Any, **kwargs: Any) -> None:
+    from sglang.srt.entrypoints.http_server import app
+
+    if not any(getattr(r, "path", None) == "/kv_policy" for r in app.routes):
+        app.add_api_route("/kv_policy", kv_policy_route, methods=["GET"])
+
+
+def metrics_enabled() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))

@@ -1,0 +1,118 @@
+"""KV pool and policy memory (scheduler process).
+
+* ``MHATokenToKVPool._create_buffers_normal`` AROUND: carve every layer's fused K/V
+  buffer out of one allocation, so the kernels see ``[layers, slots, heads, dim]`` as a
+  strided view and one launch covers all layers. Per-layer shapes and strides are
+  exactly those SGLang makes.
+* ``KVCacheConfigurator._profile_available_bytes`` AROUND: subtract the query ring from
+  the bytes the KV pool may use, before the pool is sized.
+* ``ModelRunner._init_post_memory_pool_components`` AFTER: build the EvictionRuntime
+  over the pools, check the model and print the policy memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from vase_sglang.options import exported_config
+from vase_sglang.policies import POLICIES
+from vase_sglang.runtime import EvictionRuntime, stacked_view
+
+from . import state
+from .hooks import AFTER, AROUND, fail, hook
+
+logger = logging.getLogger("vase_sglang.patches.memory")
+
+
+@hook("sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._create_buffers_normal", AROUND)
+def _one_allocation(original, pool: Any, *args: Any, **kwargs: Any) -> None:
+    if not exported_config().evicts or pool.use_hnd or pool.kv_cache_layout != "nhd":
+        return original(pool, *args, **kwargs)
+    k_shape, v_shape = pool._kv_buffer_shapes()
+    if k_shape != v_shape:
+        return original(pool, *args, **kwargs)
+    from sglang.srt.mem_cache import memory_pool as mp
+
+    rows = k_shape[0]
+    padded = mp.ceil_align(rows, pool.page_size)
+    custom = torch.cuda.use_mem_pool(pool.custom_mem_pool) if pool.enable_custom_mem_pool else nullcontext()
+    with pool.memory_saver_adapter.region(mp.GPU_MEMORY_TYPE_KV_CACHE), custom:
+        # Same per-layer (2, padded, H, D) block as SGLang, layers now evenly spaced.
+        fused = torch.zeros((pool.layer_num, 2, padded, *k_shape[1:]), dtype=pool.store_dtype, device=pool.device)
+    pool.k_buffer = [fused[layer, 0, :rows] for layer in range(pool.layer_num)]
+    pool.v_buffer = [fused[layer, 1, :rows] for layer in range(pool.layer_num)]
+    pool._vase_fused = fused
+
+
+def ring_bytes_per_request(model_config: Any, tp_size: int) -> int:
+    cfg = exported_config()
+    heads = model_config.num_attention_heads // max(1, tp_size)
+    itemsize = torch.empty((), dtype=model_config.dtype).element_size()
+    return EvictionRuntime.query_ring_bytes_per_request(cfg, model_config.num_hidden_layers, heads,
+                                                        model_config.head_dim, itemsize)
+
+
+@hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes", AROUND)
+def _reserve_policy_memory(original, configurator: Any, *args: Any, **kwargs: Any) -> int:
+    available = original(configurator, *args, **kwargs)
+    cfg = exported_config()
+    if not cfg.evicts or not POLICIES[cfg.policy].needs_queries:
+        return available
+    from sglang.srt.runtime_context import get_context
+
+    server_args = get_context().server_args
+    rows = (server_args.max_running_requests or 0) + 1
+    per_request = ring_bytes_per_request(configurator.model_config, server_args.tp_size)
+    state.reserved_bytes = rows * per_request
+    return max(0, available - state.reserved_bytes)
+
+
+def _check_model(model_runner: Any) -> None:
+    mc = model_runner.model_config
+    hf = mc.hf_text_config
+    problems = []
+    if getattr(mc, "attention_arch", None) is not None and "MLA" in str(mc.attention_arch):
+        problems.append("MLA attention")
+    if getattr(hf, "sliding_window", None) and getattr(hf, "use_sliding_window", True):
+        problems.append(f"sliding-window attention (window {hf.sliding_window})")
+    rope = getattr(hf, "rope_scaling", None) or getattr(hf, "rope_parameters", None) or {}
+    if isinstance(rope, dict) and ("mrope_section" in rope or rope.get("type") == "mrope"):
+        problems.append("M-RoPE positions")
+    if getattr(hf, "alibi", False) or "alibi" in str(getattr(hf, "position_embedding_type", "")):
+        problems.append("ALiBi positions")
+    if problems:
+        fail(f"--kv-policy {exported_config().policy} cannot serve {mc.model_path}: " + ", ".join(problems))
+
+
+@hook("sglang.srt.model_executor.model_runner.ModelRunner._init_post_memory_pool_components", AFTER)
+def _build_runtime(result: Any, model_runner: Any, *args: Any, **kwargs: Any) -> None:
+    cfg = exported_config()
+    if not cfg.evicts:
+        return
+    _check_model(model_runner)
+    pool = model_runner.token_to_kv_pool
+    try:
+        k_buf = stacked_view(pool.k_buffer)
+        v_buf = stacked_view(pool.v_buffer)
+    except (AttributeError, RuntimeError) as exc:
+        fail(f"--kv-policy {cfg.policy} needs an NHD MHA KV pool ({type(pool).__name__}: {exc})")
+    kv_heads, head_dim = k_buf.shape[2], k_buf.shape[3]
+    mc = model_runner.model_config
+    q_heads = kv_heads * (mc.num_attention_heads // mc.get_total_num_kv_heads())
+    rows = model_runner.req_to_token_pool.size + 1
+    capture = POLICIES[cfg.policy].needs_queries
+    state.runtime = EvictionRuntime(cfg, k_buf, v_buf, rows, q_heads, capture_queries=capture)
+    state.req_to_token_pool = model_runner.req_to_token_pool
+    per_request = EvictionRuntime.query_ring_bytes_per_request(cfg, k_buf.shape[0], q_heads, head_dim,
+                                                               k_buf.element_size())
+    logger.info(
+        "vase-sglang: policy %s, budget %d + recent %d slots per request, layer and KV head; "
+        "query ring %d bytes per request x %d request slots = %.1f MiB (counted before the KV pool was sized); "
+        "KV pool %d tokens, %d layers x %d KV heads x %d dims",
+        cfg.policy, cfg.budget, cfg.recent, per_request, rows, per_request * rows / 2**20,
+        model_runner.max_total_num_tokens, k_buf.shape[0], kv_heads, head_dim,
+    )

@@ -1,0 +1,133 @@
+"""Server arguments: the ``--kv-*`` flags, ``sglang.Engine(kv_policy=...)`` and validation.
+
+Hooks (main process):
+
+* ``arg_utils.add_cli_args_from_dataclass`` AFTER: add the flags to SGLang's parser, so
+  they show in ``--help`` and argparse checks ``--kv-policy`` choices.
+* ``server_args.prepare_server_args`` AROUND: build the PolicyConfig from the flags,
+  export it to the child processes, and turn off what v1 cannot run with.
+* ``validation_hook.check_server_args`` AFTER: reject unsupported combinations, reading
+  the resolved values.
+* ``Engine.server_args_class``: a factory that takes the same fields as keyword args.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from vase_sglang.config import PolicyConfig, PolicyConfigError
+from vase_sglang.options import add_cli_flags, config_from_flags, export_config, exported_config
+
+from .hooks import AFTER, AROUND, fail, hook
+
+logger = logging.getLogger("vase_sglang.patches.server_args")
+
+SUPPORTED_BACKENDS = ("torch_native", "triton", "flashinfer")
+SUPPORTED_KV_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32")
+# Query-ring rows are allocated per request slot; without a user value, cap the slots.
+DEFAULT_MAX_RUNNING_REQUESTS = 128
+ENGINE_KWARGS = ("kv_policy", "kv_budget", "kv_recent", "kv_seed", "kv_policy_config")
+
+
+@hook("sglang.srt.arg_groups.arg_utils.add_cli_args_from_dataclass", AFTER)
+def _add_flags(result: Any, parser: argparse.ArgumentParser, cls: type, *args: Any, **kwargs: Any) -> None:
+    if getattr(cls, "__name__", "") == "ServerArgs" and kwargs.get("fields") is None:
+        if not any(a.dest == "kv_policy" for a in parser._actions):
+            add_cli_flags(parser)
+
+
+def _parse_flags(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_cli_flags(parser)
+    ns, _ = parser.parse_known_args(argv)
+    return ns
+
+
+def _adjust_for_policy(server_args: Any, cfg: PolicyConfig) -> None:
+    """Input changes v1 needs, made before resolution seals the record."""
+    if not cfg.evicts:
+        return
+    if not getattr(server_args, "disable_overlap_schedule", False):
+        # Rounds move KV data in the scheduler; the overlapped forward would still read it.
+        server_args.disable_overlap_schedule = True
+        logger.info("vase-sglang: --kv-policy %s turns off the overlap scheduler", cfg.policy)
+    if getattr(server_args, "max_running_requests", None) is None:
+        server_args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
+    server_args._vase_config = cfg.to_dict()
+
+
+def config_or_exit(**flags: Any) -> PolicyConfig:
+    try:
+        return config_from_flags(**flags)
+    except PolicyConfigError as exc:
+        fail(str(exc))
+        raise  # unreachable
+
+
+@hook("sglang.srt.server_args.prepare_server_args", AROUND)
+def _prepare_server_args(original, argv: list[str], *args: Any, **kwargs: Any) -> Any:
+    ns = _parse_flags(list(argv))
+    cfg = config_or_exit(policy=ns.kv_policy, budget=ns.kv_budget, recent=ns.kv_recent, seed=ns.kv_seed,
+                         policy_config=ns.kv_policy_config)
+    server_args = original(argv, *args, **kwargs)
+    export_config(cfg)
+    _adjust_for_policy(server_args, cfg)
+    if cfg.evicts:
+        logger.info("vase-sglang: KV policy %s", cfg.to_dict())
+    return server_args
+
+
+def engine_server_args(server_args_class: type):
+    """``Engine.server_args_class`` replacement: accepts the ``kv_*`` keyword arguments."""
+
+    def factory(**kwargs: Any) -> Any:
+        flags = {name: kwargs.pop(name, None) for name in ENGINE_KWARGS}
+        cfg = config_or_exit(policy=flags["kv_policy"] or "none", budget=flags["kv_budget"],
+                             recent=flags["kv_recent"], seed=flags["kv_seed"], policy_config=flags["kv_policy_config"])
+        server_args = server_args_class(**kwargs)
+        export_config(cfg)
+        _adjust_for_policy(server_args, cfg)
+        return server_args
+
+    factory.__wrapped__ = server_args_class  # verified like the registry's hooks
+    factory.__name__ = "vase_server_args_factory"
+    return factory
+
+
+def unsupported_reasons(cfg: Any) -> list[str]:
+    """What a resolved server config has that the eviction path cannot run with."""
+    reasons = []
+    if getattr(cfg, "speculative_algorithm", None):
+        reasons.append(f"--speculative-algorithm {cfg.speculative_algorithm} (speculative decoding)")
+    if getattr(cfg, "pp_size", 1) > 1:
+        reasons.append(f"--pp-size {cfg.pp_size} (pipeline parallelism)")
+    if getattr(cfg, "enable_mixed_chunk", False):
+        reasons.append("--enable-mixed-chunk (mixed prefill/decode batches)")
+    if getattr(cfg, "page_size", 1) not in (None, 1):
+        reasons.append(f"--page-size {cfg.page_size} (only 1 is supported)")
+    if getattr(cfg, "disaggregation_mode", "null") not in (None, "null"):
+        reasons.append(f"--disaggregation-mode {cfg.disaggregation_mode}")
+    if getattr(cfg, "enable_hierarchical_cache", False):
+        reasons.append("--enable-hierarchical-cache")
+    if getattr(cfg, "kv_cache_dtype", "auto") not in SUPPORTED_KV_DTYPES:
+        reasons.append(f"--kv-cache-dtype {cfg.kv_cache_dtype} (quantised KV)")
+    for name in ("attention_backend", "decode_attention_backend"):
+        backend = getattr(cfg, name, None)
+        if backend is not None and backend not in SUPPORTED_BACKENDS:
+            flag = "--" + name.replace("_", "-")
+            reasons.append(f"{flag} {backend} (supported: {', '.join(SUPPORTED_BACKENDS)})")
+    return reasons
+
+
+@hook("sglang.srt.arg_groups.validation_hook.check_server_args", AFTER)
+def _check_server_args(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:
+    cfg = exported_config()
+    if not cfg.evicts:
+        return
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    reasons = unsupported_reasons(resolving_view(server_args))
+    if reasons:
+        fail(f"--kv-policy {cfg.policy} cannot run with: " + "; ".join(reasons))

@@ -1,0 +1,75 @@
+"""The SGLang plugin entry point (group ``sglang.srt.plugins``, name ``vase``).
+
+SGLang calls ``register()`` in every process it starts. Hooks are registered per role,
+because resolving a hook target imports its module: the main process gets the argument,
+HTTP and tokenizer hooks; a scheduler gets the decode, memory and tree hooks, and only
+when the exported policy evicts (with ``--kv-policy none`` SGLang runs untouched).
+Every hook is verified after it is applied; one that did not take stops the process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+
+
+def _role() -> str:
+    if multiprocessing.current_process().name == "MainProcess":
+        return "main"
+    # Spawned children: a scheduler has imported its module before plugins load; the
+    # detokenizer and DP controller have not.
+    return "scheduler" if "sglang.srt.managers.scheduler" in sys.modules else "other"
+
+
+# Hook targets that live in the main (HTTP / tokenizer) process.
+MAIN_TARGETS = (
+    "sglang.srt.arg_groups.", "sglang.srt.server_args.", "sglang.srt.sampling.",
+    "sglang.srt.managers.tokenizer_manager.", "sglang.srt.entrypoints.http_server.",
+)
+
+
+def register() -> None:
+    from vase_sglang.options import exported_config
+    from vase_sglang.patches import hooks
+
+    role = _role()
+    if role == "main":
+        from vase_sglang.patches import io, server_args  # noqa: F401 - importing queues the hooks
+
+        hooks.apply(hooks.take(lambda h: h.target.startswith(MAIN_TARGETS)))
+        _install_engine_factory()
+        return
+    if role == "scheduler" and exported_config().evicts:
+        from vase_sglang.patches import decode, io, memory  # noqa: F401
+
+        queued = hooks.take(lambda h: not h.target.startswith(MAIN_TARGETS))
+        queued += [hooks.Hook(t, fn, hooks.AROUND) for t, fn in decode.backend_hooks()]
+        hooks.apply(queued)
+        _install_scheduler_globals()
+
+
+def _install_engine_factory() -> None:
+    from sglang.srt.entrypoints.engine import Engine
+
+    from vase_sglang.patches.hooks import fail
+    from vase_sglang.patches.server_args import engine_server_args
+
+    if getattr(Engine.server_args_class, "__name__", "") != "vase_server_args_factory":
+        Engine.server_args_class = engine_server_args(Engine.server_args_class)
+    if getattr(Engine.server_args_class, "__name__", "") != "vase_server_args_factory":
+        fail("could not install the kv_* keyword arguments on sglang.Engine.server_args_class")
+
+
+def _install_scheduler_globals() -> None:
+    from sglang.srt.managers import schedule_policy
+    from sglang.srt.mem_cache import allocation
+
+    from vase_sglang.patches.decode import install_alloc_hook, set_admission_clip, vase_alloc_for_decode
+    from vase_sglang.patches.hooks import fail
+
+    for key in install_alloc_hook():
+        if allocation.ALLOC_FOR_DECODE_FUNCS[key] is not vase_alloc_for_decode:
+            fail(f"sglang.srt.mem_cache.allocation.ALLOC_FOR_DECODE_FUNCS[{key!r}] did not take the VaSE allocator")
+    clip = set_admission_clip()
+    if schedule_policy.CLIP_MAX_NEW_TOKENS != clip:
+        fail("sglang.srt.managers.schedule_policy.CLIP_MAX_NEW_TOKENS could not be set")
