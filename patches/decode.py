@@ -13,7 +13,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 from typing import Any
 
 import torch
@@ -22,10 +24,23 @@ from vase_sglang.config import PolicyConfigError
 from vase_sglang.options import exported_config, request_config
 from vase_sglang.runtime import RequestState
 
-from . import state
+from . import metrics, state
 from .hooks import AFTER, AROUND, BEFORE, hook
 
 logger = logging.getLogger("vase_sglang.patches.decode")
+
+
+# Test oracle: digest the prompt's K/V bytes when a region starts and after each round.
+DEBUG_DIGEST = os.environ.get("VASE_SGLANG_DEBUG_DIGEST") == "1"
+
+
+def prefix_digest(req_to_token: torch.Tensor, row: int, lo: int) -> str:
+    rt = state.runtime
+    slots = req_to_token[row, :lo].long()
+    h = hashlib.sha256()
+    for buf in (rt.k_buf, rt.v_buf):
+        h.update(buf[:, slots].contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def request_state(req: Any) -> RequestState | None:
@@ -49,6 +64,8 @@ def _ensure_state(req: Any) -> RequestState:
         new.rounds, new.evicted = st.rounds, st.evicted
     req._vase = new
     rt.begin(new)
+    if DEBUG_DIGEST:
+        new.prefix_digests = [prefix_digest(state.req_to_token_pool.req_to_token, row, new.lo)]
     return new
 
 
@@ -64,6 +81,10 @@ def _run_due_rounds(batch: Any) -> None:
         return
     items = [(st, req_to_token[st.row, st.lo : st.lo + st.cfg.region_size]) for _, _, st in due]
     rt.run_rounds(items)
+    metrics.observe_rounds(len(due), sum(st.cfg.recent for _, _, st in due), rt.totals.round_seconds[-1])
+    if DEBUG_DIGEST:
+        for _, _, st in due:
+            st.prefix_digests.append(prefix_digest(req_to_token, st.row, st.lo))
     allocator = batch.token_to_kv_pool_allocator
     seq_lens = batch.seq_lens.clone()
     seq_lens_cpu = batch.seq_lens_cpu.clone()
@@ -90,10 +111,13 @@ def vase_alloc_for_decode(batch: Any, token_per_req: int) -> torch.Tensor:
         _run_due_rounds(batch)
     out = allocation.alloc_for_decode_default(batch, token_per_req)
     if state.runtime is not None:
+        states = []
         for req in batch.reqs:
             st = request_state(req)
             if st is not None:
                 st.region_len = req.kv.kv_committed_len - st.lo
+                states.append(st)
+        metrics.observe_step(states)
     return out
 
 

@@ -30,7 +30,8 @@ from .hooks import AFTER, AROUND, BEFORE, REPLACE, hook
 
 logger = logging.getLogger("vase_sglang.patches.io")
 
-META_KEYS = ("kv_region_len", "kv_evicted_tokens", "kv_eviction_rounds")
+COUNTER_KEYS = ("kv_region_len", "kv_evicted_tokens", "kv_eviction_rounds")
+META_KEYS = (*COUNTER_KEYS, "kv_prefix_digests")
 
 
 @hook("sglang.srt.sampling.sampling_params.SamplingParams.verify", AFTER)
@@ -56,6 +57,11 @@ def _meta_for(req: Any) -> tuple[int, int, int]:
     return (st.region_len, st.evicted, st.rounds)
 
 
+def _digests(req: Any) -> str:
+    st = getattr(req, "_vase", None)
+    return ",".join(st.prefix_digests) if st is not None else ""
+
+
 def _streamer_class() -> type:
     from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
 
@@ -65,8 +71,10 @@ def _streamer_class() -> type:
         def build_additional_customized_info(self, reqs: list) -> dict[str, list]:
             base = super().build_additional_customized_info(reqs)
             values = [_meta_for(r) for r in reqs]
-            for j, key in enumerate(META_KEYS):
+            for j, key in enumerate(COUNTER_KEYS):
                 base[key] = [[v[j]] for v in values]
+            if os.environ.get("VASE_SGLANG_DEBUG_DIGEST") == "1":
+                base["kv_prefix_digests"] = [[_digests(r)] for r in reqs]
             return base
 
     return VaseOutputStreamer
@@ -120,6 +128,3 @@ def _add_route(*args: Any, **kwargs: Any) -> None:
     if not any(getattr(r, "path", None) == "/kv_policy" for r in app.routes):
         app.add_api_route("/kv_policy", kv_policy_route, methods=["GET"])
 
-
-def metrics_enabled() -> bool:
-    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))

@@ -1,7 +1,26 @@
 #!/usr/bin/env bash
-# Sets up .venv and runs the main job. Until the SGLang integration lands (issue 3)
-# this is the eviction demo on real tensors; arguments go to the demo.
+# Sets up .venv and serves a model with `--kv-policy vase` (on CPU when there is no GPU).
+#   scripts/serve.sh                      # the bundled tiny Qwen3, port 30000
+#   MODEL=/path/to/Qwen3-8B scripts/serve.sh --kv-budget 4096
+# Extra arguments go to `python -m sglang.launch_server` after the defaults.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$repo"
 bash scripts/setup.sh
-exec .venv/bin/python -m vase_sglang.demo "$@"
+py="$repo/.venv/bin/python"
+model="${MODEL:-$repo/.cache/tiny-qwen3}"
+if [ -z "${MODEL:-}" ] && [ ! -f "$model/config.json" ]; then
+  "$py" -m vase_sglang.tiny_model "$model" >/dev/null
+fi
+args=(--model-path "$model" --host "${HOST:-127.0.0.1}" --port "${PORT:-30000}"
+      --kv-policy vase --kv-budget "${KV_BUDGET:-128}" --kv-recent "${KV_RECENT:-32}")
+if ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  # CPU mode: SGLang's CPU engine with the torch_native backend; vase-sglang provides
+  # the sgl_kernel stand-in the CUDA wheel cannot load without libcuda.
+  export SGLANG_USE_CPU_ENGINE=1
+  args+=(--device cpu --attention-backend torch_native --disable-cuda-graph --dtype float32
+         --mem-fraction-static 0.1 --max-total-tokens 65536 --sleep-on-idle)
+fi
+# Run outside the checkout: its kernels/ folder would shadow the `kernels` package.
+cd /tmp
+exec "$py" -m sglang.launch_server "${args[@]}" "$@"

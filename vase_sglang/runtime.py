@@ -43,6 +43,7 @@ class RequestState:
     evicted: int = 0  # tokens evicted per (layer, KV head)
     delta: int = 0  # logical position - physical column
     region_len: int = 0  # physical KV length of the generated region, after this step's allocation
+    prefix_digests: list[str] = field(default_factory=list)  # debug oracle only
 
     @property
     def evicts(self) -> bool:
