@@ -48,7 +48,8 @@ def _server(request: pytest.FixtureRequest, name: str, model, workdir, *args: st
 
 @pytest.fixture(scope="module")
 def vase_server(request, tiny_model, server_dir):
-    return _server(request, "vase", tiny_model, server_dir, *VASE_ARGS, env={"VASE_SGLANG_DEBUG_DIGEST": "1"})
+    return _server(request, "vase", tiny_model, server_dir, *VASE_ARGS, "--enable-metrics",
+                   env={"VASE_SGLANG_DEBUG_DIGEST": "1"})
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,8 @@ def test_help_lists_kv_flags() -> None:
         (("--kv-policy", "vase", "--kv-budget", "100", "--kv-recent", "64"),
          "invalid --kv-budget 100: must be a multiple of recent=64"),
         (("--kv-policy", "vase", "--kv-policy-config", '{"n_large": 9999}'), "invalid --kv-policy-config field 'n_large'"),
+        (("--kv-policy", "vase", "--enable-mixed-chunk", "--attention-backend", "torch_native"),
+         "--kv-policy vase cannot run with: --enable-mixed-chunk"),
     ],
 )
 def test_bad_flags_exit_nonzero_with_a_clear_message(args: tuple, message: str, tiny_model) -> None:
@@ -152,6 +154,16 @@ def test_kv_policy_endpoint_reports_config_and_totals(vase_server) -> None:
     assert body["totals"]["tokens_evicted"] == R * body["totals"]["eviction_rounds"]
 
 
+def test_metrics_expose_rounds_and_region_slots(vase_server) -> None:
+    greedy(vase_server, 200)
+    text = requests.get(vase_server.url + "/metrics", timeout=10).text
+    rounds = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("vase:eviction_rounds_total")]
+    assert rounds and rounds[0] >= 1
+    for name in ("vase:evicted_tokens_total", "vase:round_latency_seconds_bucket", "vase:region_occupancy_ratio_bucket",
+                 "vase:reserved_region_slots", "vase:used_region_slots"):
+        assert name in text, name
+
+
 def test_no_leaks_across_finish_and_client_disconnect(vase_server) -> None:
     # Several requests finish; others are cut off mid-stream by their clients.
     def stream_and_drop(n: int) -> int:
@@ -167,7 +179,7 @@ def test_no_leaks_across_finish_and_client_disconnect(vase_server) -> None:
         return chunks
 
     with ThreadPoolExecutor(6) as pool:
-        finished = [pool.submit(_greedy, vase_server, 250, PROMPT + [90 + i]) for i in range(3)]
+        finished = [pool.submit(greedy, vase_server, 250, PROMPT + [90 + i]) for i in range(3)]
         dropped = [pool.submit(stream_and_drop, i) for i in range(3)]
         assert all(f.result()["meta_info"]["kv_eviction_rounds"] >= 1 for f in finished)
         assert all(d.result() >= 250 for d in dropped)
