@@ -55,7 +55,8 @@ def _install_engine_factory() -> None:
     from vase_sglang.patches.server_args import engine_server_args
 
     if getattr(Engine.server_args_class, "__name__", "") != "vase_server_args_factory":
-        Engine.server_args_class = engine_server_args(Engine.server_args_class)
+        # staticmethod: Engine.__init__ calls it through self.
+        Engine.server_args_class = staticmethod(engine_server_args(Engine.server_args_class))
     if getattr(Engine.server_args_class, "__name__", "") != "vase_server_args_factory":
         fail("could not install the kv_* keyword arguments on sglang.Engine.server_args_class")
 
