@@ -71,3 +71,13 @@ ADMISSION_POOL = 2150
 def admission_server(request, tiny_model, server_dir):
     return _server(request, "admission", tiny_model, server_dir, *VASE_ARGS, "--decode-log-interval", "10",
                    max_total_tokens=ADMISSION_POOL)
+
+
+# A pool where 16 concurrent vase requests (12 + 160 slots each) cannot all run at once.
+LOAD_POOL = 1200
+
+
+@pytest.fixture(scope="module")
+def load_server(request, tiny_model, server_dir):
+    return _server(request, "load", tiny_model, server_dir, *VASE_ARGS, "--decode-log-interval", "10",
+                   max_total_tokens=LOAD_POOL)

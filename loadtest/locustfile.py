@@ -1,0 +1,114 @@
+"""Locust load test: users stream chat completions through SGLang's OpenAI API.
+
+Scenarios (select with ``--tags``; all run by default):
+
+* ``long``   -- long reasoning: a fixed output length (``ignore_eos`` + ``min_tokens``).
+* ``prefix`` -- shared-prefix fan-out: one long system prompt, many different questions,
+  so the radix tree is exercised.
+* ``mix``    -- short and long requests mixed.
+* ``n``      -- ``n > 1`` parallel samples per request.
+
+Besides each request's end-to-end time, every response reports three Locust statistics
+(request types ``TTFT``, ``TPOT``, ``ITL``; Locust prints p50/p90/p99 for each):
+time to first token, time per output token after the first, and inter-token latency
+(gap between streamed chunks).
+
+Headless, against a running server (stops by itself after ``-t``):
+
+    locust -f loadtest/locustfile.py --headless -u 8 -r 8 -t 60s --host http://127.0.0.1:30000 \
+        --output-len 1024 --tags long prefix
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from locust import User, between, events, tag, task
+from openai import OpenAI
+
+SYSTEM_PROMPT = (
+    "You are a careful assistant. Think step by step inside <think> and </think>, checking every "
+    "intermediate result against the earlier ones before you answer. " * 8
+)
+QUESTIONS = [f"What is {a} plus {b}, and is the sum even?" for a in range(10, 40) for b in range(3, 9)]
+
+
+@events.init_command_line_parser.add_listener
+def _options(parser) -> None:
+    parser.add_argument("--output-len", type=int, default=512, help="tokens per long request (ignore_eos)")
+    parser.add_argument("--short-len", type=int, default=32, help="tokens per short request in the mix")
+    parser.add_argument("--model", default="default", help="model name sent to the OpenAI API")
+    parser.add_argument("--samples", type=int, default=2, help="n for the parallel-samples scenario")
+
+
+class ChatUser(User):
+    wait_time = between(0.0, 0.5)
+
+    def on_start(self) -> None:
+        self.client = OpenAI(base_url=self.host.rstrip("/") + "/v1", api_key="EMPTY", max_retries=0, timeout=600)
+        self.opts = self.environment.parsed_options
+
+    def _stream(self, name: str, messages: list[dict], max_tokens: int, n: int = 1, fixed_len: bool = True) -> None:
+        extra = {"ignore_eos": True, "min_tokens": max_tokens} if fixed_len else {}
+        start = time.perf_counter()
+        first = last = None
+        gaps: list[float] = []
+        chunks = 0
+        try:
+            stream = self.client.chat.completions.create(
+                model=self.opts.model, messages=messages, max_tokens=max_tokens, n=n, temperature=0.7,
+                stream=True, extra_body=extra,
+            )
+            for chunk in stream:
+                if not chunk.choices or not any(c.delta.content for c in chunk.choices):
+                    continue
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                else:
+                    gaps.append(now - last)
+                last = now
+                chunks += 1
+        except Exception as exc:  # noqa: BLE001 - every failure is a Locust failure
+            events.request.fire(request_type="chat", name=name, response_time=(time.perf_counter() - start) * 1e3,
+                                response_length=chunks, exception=exc)
+            return
+        total = (time.perf_counter() - start) * 1e3
+        if first is None:
+            events.request.fire(request_type="chat", name=name, response_time=total, response_length=0,
+                                exception=RuntimeError("no tokens streamed"))
+            return
+        events.request.fire(request_type="chat", name=name, response_time=total, response_length=chunks)
+        events.request.fire(request_type="TTFT", name=name, response_time=(first - start) * 1e3, response_length=0)
+        if chunks > 1:
+            tpot = (last - first) * 1e3 / (chunks - 1)
+            events.request.fire(request_type="TPOT", name=name, response_time=tpot, response_length=0)
+            for gap in gaps:
+                events.request.fire(request_type="ITL", name=name, response_time=gap * 1e3, response_length=0)
+
+    @tag("long")
+    @task
+    def long_reasoning(self) -> None:
+        q = random.choice(QUESTIONS)
+        self._stream("long", [{"role": "user", "content": q}], self.opts.output_len)
+
+    @tag("prefix")
+    @task
+    def shared_prefix(self) -> None:
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": random.choice(QUESTIONS)}]
+        self._stream("prefix", messages, self.opts.output_len)
+
+    @tag("mix")
+    @task
+    def short_and_long(self) -> None:
+        long = random.random() < 0.3
+        length = self.opts.output_len if long else self.opts.short_len
+        self._stream("mix-long" if long else "mix-short", [{"role": "user", "content": random.choice(QUESTIONS)}],
+                     length)
+
+    @tag("n")
+    @task
+    def parallel_samples(self) -> None:
+        self._stream("n", [{"role": "user", "content": random.choice(QUESTIONS)}], self.opts.short_len * 4,
+                     n=self.opts.samples)
