@@ -113,6 +113,5 @@ class Server:
         """KV slots neither free nor evictable from the tree (0 when idle and leak-free)."""
         body = self.loads()
         loads = body["loads"] if "loads" in body else body
-        entry = loads[0] if isinstance(loads, list) else loads
-        core = entry.get("core", entry)
-        return int(core["num_used_tokens"])
+        entries = loads if isinstance(loads, list) else [loads]  # one per DP rank
+        return sum(int(e.get("core", e)["num_used_tokens"]) for e in entries)
