@@ -184,6 +184,43 @@ def _running_offset(original, adder: Any, req: Any, *args: Any, **kwargs: Any) -
     return max(0, min(remaining, room))
 
 
+# Region size of the request whose max_new_tokens SGLang is clipping right now (None: not evicting).
+_clip_region: int | None = None
+
+
+@hook("sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens", AROUND)
+def _init_req_max_new_tokens(original, scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+    global _clip_region
+    try:
+        cfg = request_config(exported_config(), req.sampling_params.custom_params)
+    except PolicyConfigError:
+        cfg = None
+    _clip_region = cfg.region_size if cfg is not None and cfg.evicts else None
+    if _clip_region is None:
+        return original(scheduler, req, *args, **kwargs)
+    # SGLang bounds prompt + output by min(context, pool); an evicting request's output
+    # does not live in the pool, so only the context length (RoPE positions) bounds it.
+    saved = scheduler.max_req_len
+    scheduler.max_req_len = max(saved, scheduler.model_config.context_len - 1)
+    try:
+        return original(scheduler, req, *args, **kwargs)
+    finally:
+        scheduler.max_req_len = saved
+        _clip_region = None
+
+
+@hook("sglang.srt.mem_cache.allocator.base.BaseTokenToKVPoolAllocator.max_new_tokens_for_memory", AROUND)
+def _memory_bound(original, allocator: Any, input_tokens: int, max_new_tokens: int, *args: Any, **kwargs: Any):
+    """An evicting request needs prompt + B + R slots, not prompt + max_new_tokens:
+    don't cut a long generation to the pool size when its region fits."""
+    region = _clip_region
+    if region is None:
+        return original(allocator, input_tokens, max_new_tokens, *args, **kwargs)
+    needed = min(max_new_tokens, region)
+    fits = original(allocator, input_tokens, needed, *args, **kwargs)
+    return max_new_tokens if fits == needed else fits
+
+
 def set_admission_clip() -> int:
     """New requests reserve prompt + min(max_new_tokens, B + R)."""
     from sglang.srt.managers import schedule_policy

@@ -81,9 +81,8 @@ def test_serving_benchmark_both_arms(tiny_model: Path, tmp_path: Path) -> None:
     assert {"command", "settings", "results", "ratios", "failures", "plot", "plot_skipped"} <= doc.keys()
     assert doc["failures"] == []
     assert doc["settings"]["pools"] == [POOL] and doc["settings"]["output_len"] == OUTPUT_LEN
-    assert (doc["plot"] is None) != (doc["plot_skipped"] is None)
-    if doc["plot"]:
-        assert Path(doc["plot"]).stat().st_size > 0
+    # matplotlib comes with the test extra, so the plot must be there.
+    assert doc["plot_skipped"] is None and Path(doc["plot"]).stat().st_size > 0
     by_arm = {r["arm"]: r for r in doc["results"]}
     assert sorted(by_arm) == ["none", "vase"] and len(doc["results"]) == 2
     for arm, r in by_arm.items():

@@ -41,3 +41,13 @@ def test_static_admission_runs_four_times_the_full_cache_batch(admission_server)
     assert running and max(running) >= 8, f"peak running requests {max(running, default=0)}"
     assert "Retract requests" not in log
     assert wait_idle(admission_server) == 0
+
+
+def test_long_generation_is_not_cut_to_the_pool_size(admission_server) -> None:
+    """Stock SGLang clips max_new_tokens to what the pool holds (~2,140 here); an evicting
+    request only needs prompt + B + R slots, so it generates all it asked for."""
+    out = greedy(admission_server, 3000)
+    meta = out["meta_info"]
+    assert meta["completion_tokens"] == 3000 and meta["finish_reason"]["type"] == "length"
+    assert meta["kv_region_len"] <= REGION
+    assert wait_idle(admission_server) == 0

@@ -709,6 +709,8 @@ def _rounds_note(r: dict) -> str:
 
 
 def _on_sigterm(signum, frame):  # so the finally blocks stop the servers
+    print(f"{PROG}: stopped by signal {signum}; stopping the servers, no results written", file=sys.stderr,
+          flush=True)
     raise SystemExit(128 + signum)
 
 
