@@ -16,9 +16,6 @@ import torch
 import triton
 import triton.language as tl
 
-_LOW = 0x7FFFFFFF
-
-
 @triton.jit
 def _orderable(x):
     # Float32 bits as an int32 whose signed order matches the float order (no NaNs).

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from vase_sglang.config import PolicyConfigError
+from vase_sglang.config import PolicyConfig, PolicyConfigError
 from vase_sglang.options import exported_config, request_config
 from vase_sglang.runtime import RequestState
 
@@ -47,6 +47,19 @@ def request_state(req: Any) -> RequestState | None:
     return getattr(req, "_vase", None)
 
 
+def request_cfg(req: Any) -> PolicyConfig:
+    """The config this request runs with, computed once (on arrival) and kept on it."""
+    cfg = getattr(req, "_vase_cfg", None)
+    if cfg is None:
+        server = exported_config()
+        try:
+            cfg = request_config(server, req.sampling_params.custom_params)
+        except PolicyConfigError:  # validated with a 400 in the tokenizer manager already
+            cfg = server.replace(policy="none")
+        req._vase_cfg = cfg
+    return cfg
+
+
 def _ensure_state(req: Any) -> RequestState:
     """The request's state for its current row; a new region after a (re-)prefill."""
     rt = state.runtime
@@ -55,11 +68,7 @@ def _ensure_state(req: Any) -> RequestState:
     st = request_state(req)
     if st is not None and st.row == row and st.generation == generation:
         return st
-    try:
-        cfg = request_config(rt.server_cfg, req.sampling_params.custom_params)
-    except PolicyConfigError:  # validated with a 400 in the tokenizer manager already
-        cfg = rt.server_cfg.replace(policy="none")
-    new = RequestState(cfg=cfg, row=row, generation=generation, lo=int(req.kv.kv_committed_len))
+    new = RequestState(cfg=request_cfg(req), row=row, generation=generation, lo=int(req.kv.kv_committed_len))
     if st is not None:  # re-prefilled after a retraction: counters go on, positions are physical again
         new.rounds, new.evicted = st.rounds, st.evicted
     req._vase = new
@@ -191,11 +200,8 @@ _clip_region: int | None = None
 @hook("sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens", AROUND)
 def _init_req_max_new_tokens(original, scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
     global _clip_region
-    try:
-        cfg = request_config(exported_config(), req.sampling_params.custom_params)
-    except PolicyConfigError:
-        cfg = None
-    _clip_region = cfg.region_size if cfg is not None and cfg.evicts else None
+    cfg = request_cfg(req)
+    _clip_region = cfg.region_size if cfg.evicts else None
     if _clip_region is None:
         return original(scheduler, req, *args, **kwargs)
     # SGLang bounds prompt + output by min(context, pool); an evicting request's output

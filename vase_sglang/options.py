@@ -7,6 +7,7 @@ names the flag (or request field) as the user typed it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 from typing import Any, Mapping
@@ -115,8 +116,15 @@ def export_config(cfg: PolicyConfig) -> None:
 
 
 def exported_config() -> PolicyConfig:
-    """The server's config in any SGLang process (``none`` when nothing was exported)."""
-    text = os.environ.get(ENV_CONFIG)
+    """The server's config in any SGLang process (``none`` when nothing was exported).
+
+    Called per request; parsed once per distinct value of the variable.
+    """
+    return _parse_exported(os.environ.get(ENV_CONFIG))
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_exported(text: str | None) -> PolicyConfig:
     return PolicyConfig(policy="none") if not text else PolicyConfig.from_json(text)
 
 
