@@ -1,4 +1,4 @@
-"""Generated reasoning tasks with exact answers (issue 4 groundwork)."""
+"""Generated reasoning tasks with exact answers : the chain task the bundled model is trained on."""
 
 from .chain import ChainProblem, ChainTask, grade
 
