@@ -42,8 +42,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -52,11 +50,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..cli import OneLineParser, positive_float, positive_int
+from ..server_process import ServerError, ServerProcess, stop_all
+
 PROG = "python -m vase_sglang.bench.serving"
 ARMS = ("none", "vase")
 POOL_SLACK = 64  # tokens added to K full requests: the radix tree keeps a little, the warm-up takes a little
-CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
-             "--mem-fraction-static", "0.1", "--dtype", "float32", "--sleep-on-idle")
 
 DECODE_RE = re.compile(r"Decode batch\b.*?#running-req: (\d+)")
 TOKEN_RE = re.compile(r"#(?:full )?token: (\d+)")
@@ -68,36 +67,7 @@ class OptionError(Exception):
     """A bad command-line option (exit status 2)."""
 
 
-class RunError(Exception):
-    """A server that did not start or died (exit status 1)."""
-
-
 # ---- options ------------------------------------------------------------------------------
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, not the usage block
-        self.exit(2, f"{PROG}: error: {message} (see --help)\n")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
 
 def _pool_specs(text: str) -> list[str]:
     specs = [s.strip() for s in text.split(",")]
@@ -108,13 +78,13 @@ def _pool_specs(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     w = p.add_argument_group("workload")
-    w.add_argument("--requests", type=_positive_int, default=8, metavar="N",
+    w.add_argument("--requests", type=positive_int, default=8, metavar="N",
                    help="concurrent requests per arm and pool, all sent at once (default 8)")
-    w.add_argument("--output-len", type=_positive_int, default=None, metavar="T",
+    w.add_argument("--output-len", type=positive_int, default=None, metavar="T",
                    help="output tokens per request, fixed with ignore_eos (default 8 * --kv-budget; at least 2)")
-    w.add_argument("--prompt-len", type=_positive_int, default=16, metavar="P",
+    w.add_argument("--prompt-len", type=positive_int, default=16, metavar="P",
                    help="prompt tokens per request: distinct seeded token ids (default 16)")
     w.add_argument("--pools", type=_pool_specs, default=["1x", "2x", "4x"], metavar="LIST",
                    help="KV pool sizes (--max-total-tokens of both arms), comma-separated: a token count, or "
@@ -122,9 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "requests (default 1x,2x,4x)")
     w.add_argument("--seed", type=int, default=0, help="seed of the prompt token ids (default 0)")
     v = p.add_argument_group("vase arm")
-    v.add_argument("--kv-budget", type=_positive_int, default=128, metavar="B",
+    v.add_argument("--kv-budget", type=positive_int, default=128, metavar="B",
                    help="--kv-budget of the vase server (default 128, sized for CPU)")
-    v.add_argument("--kv-recent", type=_positive_int, default=32, metavar="R",
+    v.add_argument("--kv-recent", type=positive_int, default=32, metavar="R",
                    help="--kv-recent of the vase server; B must be a multiple of R (default 32)")
     v.add_argument("--kv-seed", type=int, default=0, metavar="S", help="--kv-seed of the vase server (default 0)")
     s = p.add_argument_group("servers")
@@ -134,9 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: cuda when torch.cuda.is_available(), else SGLang's CPU engine with the CPU flags "
                         "(default auto)")
-    s.add_argument("--max-running-requests", type=_positive_int, default=None, metavar="M",
+    s.add_argument("--max-running-requests", type=positive_int, default=None, metavar="M",
                    help="--max-running-requests of both arms (default: --requests)")
-    s.add_argument("--decode-log-interval", type=_positive_int, default=1, metavar="K",
+    s.add_argument("--decode-log-interval", type=positive_int, default=1, metavar="K",
                    help="--decode-log-interval of both arms; running requests and KV slots are read from these "
                         "log lines (default 1: every decode step)")
     s.add_argument("--paired-start", action=argparse.BooleanOptionalAction, default=None,
@@ -146,9 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--server-args", default="", metavar="ARGS",
                    help="extra arguments for both servers, one shell-quoted string, e.g. "
                         "--server-args='--attention-backend triton' (with '=' when it starts with '-')")
-    s.add_argument("--startup-timeout", type=_positive_float, default=300.0, metavar="S",
+    s.add_argument("--startup-timeout", type=positive_float, default=300.0, metavar="S",
                    help="seconds to wait for a server to become healthy (default 300)")
-    s.add_argument("--request-timeout", type=_positive_float, default=1800.0, metavar="S",
+    s.add_argument("--request-timeout", type=positive_float, default=1800.0, metavar="S",
                    help="seconds one streamed request may take in all (default 1800)")
     o = p.add_argument_group("output")
     o.add_argument("--out", type=Path, default=None, metavar="DIR",
@@ -278,74 +248,20 @@ def reproduce_command(st: Settings) -> str:
 
 # ---- servers ------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class Server:
-    """One SGLang server in its own process group; stop() ends the whole group."""
+class Server(ServerProcess):
+    """One benchmark arm (none or vase) at one pool size."""
 
     def __init__(self, st: Settings, model: str, arm: str, pool: int, logdir: Path, workdir: Path):
-        import requests  # noqa: F401 - fail early if missing
-
         self.arm, self.pool = arm, pool
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = logdir / f"server-{arm}-{pool}.log"
-        self.workdir = workdir
-        args = ["--model-path", model, "--host", "127.0.0.1", "--port", str(self.port),
-                "--max-total-tokens", str(pool), "--max-running-requests", str(st.max_running_requests),
+        args = ["--max-total-tokens", str(pool), "--max-running-requests", str(st.max_running_requests),
                 "--decode-log-interval", str(st.decode_log_interval), "--log-level", "info"]
-        args += list(CPU_FLAGS) if st.device == "cpu" else ["--device", "cuda"]
         if arm == "vase":
             args += ["--kv-policy", "vase", "--kv-budget", str(st.kv_budget), "--kv-recent", str(st.kv_recent),
                      "--kv-seed", str(st.kv_seed)]
         else:
             args += ["--kv-policy", "none"]
-        self.cmd = [sys.executable, "-m", "sglang.launch_server", *args, *st.server_args]
-        self.env = dict(os.environ)
-        self.env.pop("TRITON_INTERPRET", None)  # the pytest conftest sets it; servers use real kernels
-        if st.device == "cpu":
-            self.env["SGLANG_USE_CPU_ENGINE"] = "1"
-        else:
-            self.env.pop("SGLANG_USE_CPU_ENGINE", None)
-        self.proc: subprocess.Popen | None = None
-        self.pgid: int | None = None
-
-    def launch(self) -> None:
-        with open(self.log_path, "wb") as log:
-            # cwd outside any checkout: the repo's kernels/ folder would shadow SGLang's `kernels` package.
-            self.proc = subprocess.Popen(self.cmd, cwd=self.workdir, env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        self.pgid = self.proc.pid
-
-    def wait_healthy(self, deadline: float) -> None:
-        import requests
-
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RunError(f"{self.arm} server (pool {self.pool}) exited with status {self.proc.returncode} "
-                               f"at start-up; log {self.log_path}:\n{self.log_tail()}")
-            try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        raise RunError(f"{self.arm} server (pool {self.pool}) not healthy after the start-up timeout; "
-                       f"log {self.log_path}:\n{self.log_tail()}")
+        super().__init__(f"{arm} (pool {pool})", model, args + list(st.server_args), st.device,
+                         logdir / f"server-{arm}-{pool}.log", workdir)
 
     def loads(self) -> dict:
         import requests
@@ -366,62 +282,6 @@ class Server:
             return r.json() if r.status_code == 200 else None
         except (requests.RequestException, ValueError):
             return None
-
-    def log_size(self) -> int:
-        try:
-            return self.log_path.stat().st_size
-        except OSError:
-            return 0
-
-    def log_since(self, offset: int) -> str:
-        with open(self.log_path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")
-
-    def log_tail(self, n: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
-
-    def terminate(self) -> None:
-        """Sends SIGTERM to the server's process group (see wait_stopped)."""
-        if self.proc is not None and (self.proc.poll() is None or _group_alive(self.pgid)):
-            try:
-                os.killpg(self.pgid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
-    def wait_stopped(self, timeout: float = 30.0) -> None:
-        """Waits for the whole group to exit, then SIGKILLs what is left."""
-        if self.proc is None:
-            return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and (self.proc.poll() is None or _group_alive(self.pgid)):
-            time.sleep(0.2)
-        if _group_alive(self.pgid):
-            try:
-                os.killpg(self.pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and _group_alive(self.pgid):
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        self.terminate()
-        self.wait_stopped()
-
-
-def stop_all(servers: list[Server]) -> None:
-    for s in servers:
-        s.terminate()
-    for s in servers:
-        s.wait_stopped()
 
 
 # ---- one batch ----------------------------------------------------------------------------
@@ -762,7 +622,7 @@ def run(st: Settings) -> int:
                 if not st.paired_start:
                     s.stop()
             stop_all(group)  # paired: the idle one slept through the other's batch
-    except RunError as e:
+    except ServerError as e:
         failures.append(str(e))
     finally:
         stop_all(servers)

@@ -1,0 +1,150 @@
+"""Start, watch and stop one ``sglang.launch_server`` process (used by the benchmarks and eval).
+
+Every server runs in its own process group, with its working directory outside any source
+checkout (the repo's ``kernels/`` folder would shadow SGLang's ``kernels`` package), and
+``stop()`` ends the whole group: SIGTERM, then SIGKILL for what is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# SGLang's CPU engine, as documented in the README's CPU mode.
+CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
+             "--mem-fraction-static", "0.1", "--dtype", "float32", "--sleep-on-idle")
+
+
+class ServerError(Exception):
+    """A server that exited or never became healthy; the message carries its log tail."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def device_flags(device: str) -> list[str]:
+    return list(CPU_FLAGS) if device == "cpu" else ["--device", "cuda"]
+
+
+def server_env(device: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)  # the pytest conftest sets it; servers use real kernels
+    if device == "cpu":
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+    else:
+        env.pop("SGLANG_USE_CPU_ENGINE", None)
+    return env
+
+
+class ServerProcess:
+    """``python -m sglang.launch_server --model-path MODEL --port P <args>`` in its own group."""
+
+    def __init__(self, name: str, model: str, args: list[str], device: str, log_path: Path, workdir: Path):
+        import requests  # noqa: F401 - fail early if missing
+
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.workdir = workdir
+        self.cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--host", "127.0.0.1",
+                    "--port", str(self.port), *device_flags(device), *args]
+        self.env = server_env(device)
+        self.proc: subprocess.Popen | None = None
+        self.pgid: int | None = None
+
+    def launch(self) -> None:
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.cmd, cwd=self.workdir, env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.pgid = self.proc.pid
+
+    def wait_healthy(self, deadline: float) -> None:
+        import requests
+
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(f"{self.name} server exited with status {self.proc.returncode} at start-up; "
+                                  f"log {self.log_path}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise ServerError(f"{self.name} server not healthy after the start-up timeout; "
+                          f"log {self.log_path}:\n{self.log_tail()}")
+
+    def log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def log_since(self, offset: int) -> str:
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def terminate(self) -> None:
+        """Sends SIGTERM to the server's process group (see wait_stopped)."""
+        if self.proc is not None and (self.proc.poll() is None or group_alive(self.pgid)):
+            try:
+                os.killpg(self.pgid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def wait_stopped(self, timeout: float = 30.0) -> None:
+        """Waits for the whole group to exit, then SIGKILLs what is left."""
+        if self.proc is None:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and (self.proc.poll() is None or group_alive(self.pgid)):
+            time.sleep(0.2)
+        if group_alive(self.pgid):
+            try:
+                os.killpg(self.pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and group_alive(self.pgid):
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.terminate()
+        self.wait_stopped()
+
+
+def stop_all(servers: list[ServerProcess]) -> None:
+    for s in servers:
+        s.terminate()
+    for s in servers:
+        s.wait_stopped()
