@@ -2,10 +2,12 @@
 
     python -m vase_sglang.train --out vase_sglang/models/chain-qwen3
 
-Deterministic from ``--seed`` (data, init and order; same thread count). A curriculum
-grows the chain length from a few steps to ``--max-chain-steps`` over the first
-``--curriculum`` share of training, so the model first learns the step format and the
-lookups on short, cheap chains. Loss is on the assistant's tokens only. Every
+Deterministic from ``--seed`` (data, init and order; same thread count). Phase 1: a
+curriculum grows the chain length from a few steps to ``--max-chain-steps`` over the
+first ``--curriculum`` share of ``--steps``, so the model first learns the step format and
+the lookups on short, cheap chains. Phase 2 (``--final-steps``): default-length chains
+only, with a fresh optimizer, so the model also learns where they end. Loss is on the
+assistant's tokens only. Every
 ``--eval-every`` steps it logs teacher-forced accuracy on held-out full-length problems;
 at the end it decodes them greedily and writes the accuracy into ``training.json``.
 Held-out problems use seeds >= 10**13; training problem seeds are < 2**40.
@@ -113,6 +115,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-chain-steps", type=int, default=150, help="longest chain after the curriculum (default: 150)")
     ap.add_argument("--curriculum", type=float, default=0.3,
                     help="share of training over which chains grow to --max-chain-steps (default: 0.3)")
+    ap.add_argument("--final-steps", type=int, default=300,
+                    help="phase 2 steps on default-length chains, fresh optimizer (default: 300)")
+    ap.add_argument("--final-lr", type=float, default=5e-4, help="phase 2 peak learning rate (default: 5e-4)")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="start from this saved model folder (a previous run's --out) instead of a fresh init")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
     ap.add_argument("--eval-every", type=int, default=200, help="teacher-forced held-out check interval (default: 200)")
     ap.add_argument("--eval-problems", type=int, default=64,
@@ -121,9 +128,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--intermediate", type=int, default=768)
     args = ap.parse_args(argv)
-    for name in ("steps", "batch_tokens", "warmup", "threads", "eval_every", "layers", "hidden", "intermediate"):
+    for name in ("batch_tokens", "warmup", "threads", "eval_every", "layers", "hidden", "intermediate"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.steps < 0 or args.final_steps < 0 or args.steps + args.final_steps == 0:
+        ap.error("need --steps >= 0 and --final-steps >= 0, not both 0")
+    if args.steps == 0 and args.init_from is None:
+        ap.error("--steps 0 needs --init-from")
+    if args.init_from is not None and not (args.init_from / "training.json").is_file():
+        ap.error(f"--init-from {args.init_from}: no training.json there")
     if not 0 <= args.curriculum <= 1:
         ap.error(f"--curriculum must be in [0, 1], got {args.curriculum}")
     if not 4 <= args.min_chain_steps <= args.max_chain_steps:
@@ -135,67 +148,110 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _optimizer(model: Qwen3ForCausalLM, args: argparse.Namespace, lr: float) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.98))
+
+
+def _step(model: Qwen3ForCausalLM, opt: torch.optim.AdamW, batch: Batch, lr: float) -> float:
+    for group in opt.param_groups:
+        group["lr"] = lr
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=batch.input_ids, labels=batch.labels).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def _batch(tokenizer: PreTrainedTokenizerFast, task: ChainTask, rng: random.Random, batch_tokens: int) -> Batch:
+    length = task.n_vars * 2 + task.chain_tokens + 16
+    return encode(tokenizer, [task.generate(rng.randrange(2**40)) for _ in range(max(1, batch_tokens // length))])
+
+
 def train(args: argparse.Namespace) -> dict:
+    """Phase 1 (``--steps``): the curriculum over chain lengths, cosine learning rate.
+    Phase 2 (``--final-steps``): a fresh optimizer on default-length chains only, so the
+    model learns where the default chain ends (the prompt does not say), at ``--final-lr``
+    decaying to 5 %. ``--init-from`` starts from saved weights; with ``--steps 0`` it runs
+    phase 2 alone, which gives the same weights as one run of both phases."""
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     tokenizer = build_tokenizer()
-    model = Qwen3ForCausalLM(model_config(tokenizer, layers=args.layers, hidden=args.hidden,
-                                          intermediate=args.intermediate)).to(torch.float32)
+    if args.init_from is not None:
+        model = Qwen3ForCausalLM.from_pretrained(args.init_from, torch_dtype=torch.float32)
+    else:
+        model = Qwen3ForCausalLM(model_config(tokenizer, layers=args.layers, hidden=args.hidden,
+                                              intermediate=args.intermediate)).to(torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f} M parameters, {n_params * 4 / 2**20:.1f} MiB in float32", flush=True)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.98))
     eval_task = ChainTask()
     check = encode(tokenizer, held_out(eval_task, 8))
     args.out.mkdir(parents=True, exist_ok=True)
-    log_path = args.out / "train_log.jsonl"
-    log = log_path.open("w")
+    previous = _previous_run(args)
+    log = (args.out / "train_log.jsonl").open("w")
+    for line in previous.get("log", []):
+        log.write(line)
     model.train()
-    start, tokens, ema = time.time(), 0, None
-    bar = tqdm(range(args.steps), desc="train", dynamic_ncols=True, mininterval=2.0)
-    for step in bar:
-        rng = random.Random(args.seed * 1_000_003 + step)
-        task = training_task(rng, step / args.steps, args)
-        length = task.n_vars * 2 + task.chain_tokens + 16
-        problems = [task.generate(rng.randrange(2**40)) for _ in range(max(1, args.batch_tokens // length))]
-        batch = encode(tokenizer, problems)
-        for group in opt.param_groups:
-            group["lr"] = learning_rate(step, args)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(input_ids=batch.input_ids, labels=batch.labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        tokens += batch.input_ids.numel()
-        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-        record = {"step": step + 1, "loss": round(loss.item(), 5), "lr": opt.param_groups[0]["lr"],
-                  "chain_steps": task.steps, "tokens": tokens, "elapsed_s": round(time.time() - start, 1)}
-        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-            record.update(teacher_forced(model, check))
-            tqdm.write(f"step {step + 1}: loss {ema:.4f}  held-out token acc {record['token_acc']:.4f}  "
-                       f"rows exact {record['row_exact']:.2f}  ({record['elapsed_s']:.0f} s)")
-        log.write(json.dumps(record) + "\n")
-        log.flush()
-        bar.set_postfix(loss=f"{ema:.4f}", chain=task.steps)
-    train_s = time.time() - start
+    start, tokens, ema = time.time(), previous.get("tokens", 0), None
+    phases = [("curriculum", args.steps), ("final", args.final_steps)]
+    for phase, n_steps in phases:
+        if n_steps == 0:
+            continue
+        opt = _optimizer(model, args, args.lr if phase == "curriculum" else args.final_lr)
+        bar = tqdm(range(n_steps), desc=phase, dynamic_ncols=True, mininterval=2.0)
+        for step in bar:
+            if phase == "curriculum":
+                rng = random.Random(args.seed * 1_000_003 + step)
+                task, lr = training_task(rng, step / n_steps, args), learning_rate(step, args)
+            else:
+                rng = random.Random(args.seed * 1_000_003 + 10**9 + step)
+                task = eval_task
+                lr = args.final_lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / n_steps)))
+            batch = _batch(tokenizer, task, rng, args.batch_tokens)
+            loss = _step(model, opt, batch, lr)
+            tokens += batch.input_ids.numel()
+            ema = loss if ema is None else 0.95 * ema + 0.05 * loss
+            record = {"phase": phase, "step": step + 1, "loss": round(loss, 5), "lr": lr, "chain_steps": task.steps,
+                      "tokens": tokens, "elapsed_s": round(time.time() - start, 1)}
+            if (step + 1) % args.eval_every == 0 or step + 1 == n_steps:
+                record.update(teacher_forced(model, check))
+                tqdm.write(f"{phase} step {step + 1}: loss {ema:.4f}  held-out token acc {record['token_acc']:.4f}  "
+                           f"rows exact {record['row_exact']:.2f}  ({record['elapsed_s']:.0f} s)")
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+            bar.set_postfix(loss=f"{ema:.4f}", chain=task.steps)
+    train_s = time.time() - start + previous.get("train_seconds", 0.0)
     accuracy = greedy_accuracy(model, tokenizer, held_out(eval_task, args.eval_problems))
-    summary = {"seed": args.seed, "steps": args.steps, "train_seconds": round(train_s, 1), "tokens": tokens,
-               "parameters": n_params, "final_loss_ema": round(ema, 5),
+    summary = {"seed": args.seed, "steps": args.steps + previous.get("steps", 0), "final_steps": args.final_steps,
+               "train_seconds": round(train_s, 1), "tokens": tokens, "parameters": n_params,
+               "final_loss_ema": None if ema is None else round(ema, 5),
                "held_out": {"task": vars(eval_task), "chain_tokens": eval_task.chain_tokens,
                             "problems": args.eval_problems, "seeds_from": HELD_OUT_SEED,
                             "greedy_accuracy": accuracy},
-               "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+               "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+               "previous_run": previous.get("args")}
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(args.out, safe_serialization=True)
     tokenizer.save_pretrained(args.out)
     (args.out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"trained {args.steps} steps in {train_s / 60:.1f} min; held-out greedy accuracy "
-          f"{accuracy:.3f} on {args.eval_problems} problems of {eval_task.chain_tokens} chain tokens; saved {args.out}")
+    print(f"trained in {train_s / 60:.1f} min; held-out greedy accuracy {accuracy:.3f} on {args.eval_problems} "
+          f"problems of {eval_task.chain_tokens} chain tokens; saved {args.out}")
     return summary
+
+
+def _previous_run(args: argparse.Namespace) -> dict:
+    """What --init-from's folder recorded: its log lines, steps, tokens and time, carried on."""
+    if args.init_from is None:
+        return {}
+    record = json.loads((args.init_from / "training.json").read_text())
+    log = (args.init_from / "train_log.jsonl").read_text().splitlines(keepends=True)
+    return {"log": log, "steps": record["steps"], "tokens": record["tokens"],
+            "train_seconds": record["train_seconds"], "args": record["args"]}
 
 
 def main(argv: list[str] | None = None) -> int:
