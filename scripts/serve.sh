@@ -1,19 +1,17 @@
 #!/usr/bin/env bash
 # Sets up .venv and serves a model with `--kv-policy vase` (on CPU when there is no GPU).
-#   scripts/serve.sh                      # the bundled tiny Qwen3, port 30000
+#   scripts/serve.sh                      # the bundled chain-qwen3 reasoning model, port 30000
 #   MODEL=/path/to/Qwen3-8B scripts/serve.sh --kv-budget 4096
 # Extra arguments go to `python -m sglang.launch_server` after the defaults.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
-bash scripts/setup.sh
+bash scripts/setup.sh eval  # eval: the OpenAI client, math-verify and matplotlib for python -m vase_sglang.eval
 py="$repo/.venv/bin/python"
-model="${MODEL:-$repo/.cache/tiny-qwen3}"
-if [ -z "${MODEL:-}" ] && [ ! -f "$model/config.json" ]; then
-  "$py" -m vase_sglang.tiny_model "$model" >/dev/null
-fi
+# The trained model ships inside the package (vase_sglang/models/chain-qwen3).
+model="${MODEL:-$(cd /tmp && "$py" -c 'from vase_sglang.model import bundled_model_path; print(bundled_model_path())')}"
 args=(--model-path "$model" --host "${HOST:-127.0.0.1}" --port "${PORT:-30000}"
-      --kv-policy vase --kv-budget "${KV_BUDGET:-128}" --kv-recent "${KV_RECENT:-32}")
+      --kv-policy vase --kv-budget "${KV_BUDGET:-512}" --kv-recent "${KV_RECENT:-64}")
 if ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   # CPU mode: SGLang's CPU engine with the torch_native backend; vase-sglang provides
   # the sgl_kernel stand-in the CUDA wheel cannot load without libcuda.

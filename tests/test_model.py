@@ -48,7 +48,7 @@ def test_bundled_model_solves_held_out_problems_with_full_cache() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = bundled_model_path()
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(path)
     # held-out problems past the ones training.json scored, so this is a fresh check
     problems = [ChainTask().generate(HELD_OUT_SEED + 10_000 + i) for i in range(8)]

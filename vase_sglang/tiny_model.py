@@ -2,7 +2,7 @@
 
 Deterministic from the seed; loadable by SGLang and HF transformers. float32 weights,
 so served with ``--dtype float32`` its logits can be compared with a reference loop.
-The tests build it, and ``scripts/serve.sh`` serves it until a trained model ships.
+The tests build it for exact comparisons (the bundled trained model is ``vase_sglang.model``).
 
     python -m vase_sglang.tiny_model OUT_DIR
 """

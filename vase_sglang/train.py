@@ -182,7 +182,7 @@ def train(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     tokenizer = build_tokenizer()
     if args.init_from is not None:
-        model = Qwen3ForCausalLM.from_pretrained(args.init_from, torch_dtype=torch.float32)
+        model = Qwen3ForCausalLM.from_pretrained(args.init_from, dtype=torch.float32)
     else:
         model = Qwen3ForCausalLM(model_config(tokenizer, layers=args.layers, hidden=args.hidden,
                                               intermediate=args.intermediate)).to(torch.float32)

@@ -60,7 +60,7 @@ def measure(model_path: Path, problems: int, factor: float) -> dict:
     from vase_sglang.tasks.chain import HELD_OUT_SEED, ChainTask
 
     tok = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     task = ChainTask()
     every, generated = None, None
     for i in range(problems):
