@@ -73,3 +73,8 @@ def test_one_graph_per_task_unless_asked_for_one_per_problem() -> None:
     assert x.steps != y.steps and x.prompt.split(" steps ")[1].startswith(f"S8 R7 T8 R{x.steps[0][1]}")
     # a longer chain of the same task starts with the shorter one
     assert ChainTask(steps=80).generate(1).chain.startswith(a.chain)
+
+
+def test_completion_tokens_counts_the_whole_answer() -> None:
+    task = ChainTask(steps=30)
+    assert len(task.generate(0).completion.split()) == task.completion_tokens

@@ -136,15 +136,12 @@ def _device(choice: str) -> str:
 
 
 def _server_flags(arm, args: argparse.Namespace, shared: bool) -> list[str]:
-    budget = max(args.budgets)
-    if shared:
-        policy = "vase"
-    elif arm.budget is None:
-        return ["--kv-policy", "none", "--max-running-requests", str(args.concurrency), *shlex.split(args.server_args)]
-    else:
-        policy, budget = arm.policy, arm.budget
-    return ["--kv-policy", policy, "--kv-budget", str(budget), "--kv-recent", str(args.recent),
-            "--max-running-requests", str(args.concurrency), *shlex.split(args.server_args)]
+    """A shared server runs vase at the largest budget (it captures the queries every policy
+    needs); otherwise the server runs the arm itself."""
+    policy, budget = ("vase", max(args.budgets)) if shared else (arm.policy, arm.budget)
+    kv = (["--kv-policy", "none"] if budget is None else
+          ["--kv-policy", policy, "--kv-budget", str(budget), "--kv-recent", str(args.recent)])
+    return kv + ["--max-running-requests", str(args.concurrency), *shlex.split(args.server_args)]
 
 
 def _on_sigterm(signum, frame):  # so the finally blocks stop the servers
@@ -156,6 +153,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from vase_sglang.eval.runner import EvalError, Sampling, run_arm, served_model
     from vase_sglang.eval.suites import SuiteError
     from vase_sglang.server_process import ServerError, ServerProcess
+    from vase_sglang.tasks.chain import ChainTask
 
     try:
         problems = _problems(args)
@@ -164,7 +162,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         return 2
     out = (args.out or Path(tempfile.mkdtemp(prefix="vase-eval-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    chain_len = args.chain_steps * 8 + 4 if args.suite == "chain" else None
+    chain_len = ChainTask(steps=args.chain_steps).completion_tokens if args.suite == "chain" else None
     sampling = Sampling(k=args.k, seed=args.seed, temperature=args.temperature, top_p=args.top_p,
                         max_tokens=args.max_tokens or (chain_len + 64 if chain_len else 32768))
     arms = _arms(args)

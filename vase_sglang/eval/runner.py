@@ -8,7 +8,6 @@ only with ``--enable-deterministic-inference``) and the eviction policy (``kv_se
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 
@@ -114,18 +113,14 @@ def run_arm(url: str, model: str, problems: list[Problem], arm: Arm, sampling: S
     """All k samples of every problem for one arm; stops at the first failed request."""
     client = _client(url, timeout)
     jobs = [(p, sampling.seed + j) for p in problems for j in range(sampling.k)]
-    samples: list[Sample] = []
-    lock = threading.Lock()
+    samples: list[Sample] = []  # appended by this thread only: as_completed yields here
     with ThreadPoolExecutor(max_workers=concurrency) as pool, \
             tqdm(total=len(jobs), desc=f"{arm.label:>18}", unit="sample", dynamic_ncols=True, mininterval=2.0) as bar:
         futures = [pool.submit(_one, client, model, p, arm, s, sampling) for p, s in jobs]
         try:
             for f in as_completed(futures):
-                s = f.result()
-                with lock:
-                    samples.append(s)
-                    right = sum(x.correct for x in samples)
-                bar.set_postfix(acc=f"{right / len(samples):.2f}")
+                samples.append(f.result())
+                bar.set_postfix(acc=f"{sum(x.correct for x in samples) / len(samples):.2f}")
                 bar.update()
         except BaseException:
             for f in futures:

@@ -79,6 +79,11 @@ class ChainTask:
     def chain_tokens(self) -> int:
         return self.steps * TOKENS_PER_STEP
 
+    @property
+    def completion_tokens(self) -> int:
+        """The whole answer: ``<think>``, the chain, ``</think> answer N``."""
+        return self.chain_tokens + 4
+
     def far_operand(self, i: int, rng: random.Random) -> int:
         """The result step i reads besides the previous one: at least ``lookback`` back once
         the chain is long enough, any earlier result before that."""
