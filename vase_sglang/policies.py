@@ -297,5 +297,24 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 
+class EvictLargeValues(Policy):
+    """Pilot control (paper §5.1, ``evict_large_range``): keep the smallest value ranges.
+
+    Deterministic top-k of ``-statistic``, sinks and the recent window kept as usual. Not a
+    serving policy: it exists to show what losing the large-value tokens costs.
+    """
+
+    name = "evict-large"
+
+    def score(self, regions: Regions) -> Scores:
+        stat = ops.value_stat(regions.v_buf, regions.candidates(self.config.recent), self.config.value_stat,
+                              backend=self.backend)
+        return Scores(fill=-stat)
+
+
+# Ablation-only policies, used by the fidelity sweep; the server accepts only POLICIES.
+PILOT_POLICIES: dict[str, type[Policy]] = {EvictLargeValues.name: EvictLargeValues}
+
+
 def make_policy(config: PolicyConfig, backend: str | None = None) -> Policy:
     return POLICIES[config.policy](config, backend=backend)
