@@ -96,6 +96,8 @@ def totals() -> dict[str, Any]:
         "tokens_evicted": t.tokens_evicted,
         "round_latency_ms_p50": round(1e3 * statistics.median(lat), 3) if lat else None,
         "round_latency_ms_max": round(1e3 * lat[-1], 3) if lat else None,
+        # All rounds together, so a benchmark can state their share of the decode time.
+        "round_seconds_total": round(sum(lat), 4),
         "query_ring_bytes": int(rt.qbuf.numel() * rt.qbuf.element_size()) if rt.qbuf is not None else 0,
     }
 

@@ -60,6 +60,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--sampled-teacher", type=float, default=0.7, metavar="T",
                    help="also teacher-force a full-cache reference sampled at temperature T (0: skip)")
     p.add_argument("--sampled-budgets", default="128", help="budgets teacher-forced on the sampled reference")
+    p.add_argument("--sampled-policies", default=",".join(SWEEP_POLICIES),
+                   help="policies teacher-forced on the sampled reference (first seed only)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
     args = p.parse_args(argv)
     try:
@@ -67,6 +69,10 @@ def parse_args(argv: list[str] | None):
         args.seeds = int_list(args.seeds)
         args.pilot_seeds = int_list(args.pilot_seeds)
         args.sampled_budgets = int_list(args.sampled_budgets) if args.sampled_teacher > 0 else []
+        args.sampled_policies = [x.strip() for x in args.sampled_policies.split(",") if x.strip()]
+        unknown = sorted(set(args.sampled_policies) - set(SWEEP_POLICIES))
+        if unknown:
+            raise ValueError(f"--sampled-policies: unknown {unknown[0]!r}; choose from {', '.join(SWEEP_POLICIES)}")
     except ValueError as exc:
         p.error(str(exc))
     if args.prompts > len(PROMPTS):
@@ -157,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             pilot = args.pilot_budget if (name == "greedy" and b == args.pilot_budget) else None
             specs = sweep_arms([b], args.seeds, pilot, args.pilot_seeds)
             if name != "greedy":
-                specs = [s for s in specs if s.seed == args.seeds[0]]
+                specs = [s for s in specs if s.seed == args.seeds[0] and s.policy in args.sampled_policies]
             log.info("teacher %s, budget %d: %d arms", name, b, len(specs))
             t0 = time.monotonic()
             tf[key] = teacher_forced(decoder, reference, specs, args.recent)

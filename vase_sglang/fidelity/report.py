@@ -62,13 +62,18 @@ def markdown(results: dict) -> str:
             if not rows:
                 continue
             bands = list(rows[0]["band_kl"])
+
+            def first(r: dict) -> str:
+                # Only a greedy teacher is the full cache's own free-running output.
+                return _mean_sd(r["first"], ".0f") if teacher == "greedy" else "n/a"
+
             lines += [f"## Teacher: {teacher}, {budget}", "",
                       "| policy | KL | agree | NLL | first | " + " | ".join(f"KL {b}" for b in bands) + " |",
                       "|---|---|---|---|---|" + "---|" * len(bands)]
             for r in sorted(rows, key=lambda r: (r["group"] != "full", r["group"], statistics.mean(r["kl"]))):
                 name = r["config"] + (" (pilot)" if r["group"] == "pilot" else "")
                 lines.append(f"| {name} | {_mean_sd(r['kl'], '.3f')} | {_mean_sd(r['agree'], '.3f')} | "
-                             f"{_mean_sd(r['nll'], '.3f')} | {_mean_sd(r['first'], '.0f')} | "
+                             f"{_mean_sd(r['nll'], '.3f')} | {first(r)} | "
                              + " | ".join(_mean_sd(r["band_kl"][b], ".3f") for b in bands) + " |")
             lines.append("")
     fr = results.get("free_running")
