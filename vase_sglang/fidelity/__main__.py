@@ -27,6 +27,7 @@ import torch
 from vase_sglang.cli import OneLineParser, positive_int
 from vase_sglang.fidelity import report
 from vase_sglang.fidelity.loop import BatchedDecoder, generate
+from vase_sglang.fidelity.metrics import repeat_4gram_share
 from vase_sglang.fidelity.prompts import PROMPTS
 from vase_sglang.fidelity.sweep import SWEEP_POLICIES, ArmSpec, free_running, sweep_arms, teacher_forced, write_json
 
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         small.prefill(prompt_ids[: args.free_prompts])
         fr = free_running(small, specs, args.recent, args.tokens, eos)
         greedy = refs["greedy"]["tokens"][: args.free_prompts]
-        fr["full"] = {"spec": None, "repeat_4gram": sum(map(report.repeat_share, greedy)) / len(greedy)}
+        fr["full"] = {"spec": None, "repeat_4gram": sum(map(repeat_4gram_share, greedy)) / len(greedy)}
         results["free_running"] = fr
         write_json(results_path, results)
 

@@ -6,9 +6,6 @@ import json
 import statistics
 from pathlib import Path
 
-from vase_sglang.fidelity.metrics import repeat_4gram_share
-
-repeat_share = repeat_4gram_share
 
 
 def load_results(path: Path) -> dict:
