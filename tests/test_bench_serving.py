@@ -103,6 +103,11 @@ def test_serving_benchmark_both_arms(tiny_model: Path, tmp_path: Path) -> None:
     # vase evicted (256 generated > B + R = 160): each request holds at most prompt + B + R slots
     assert all(q["kv_evicted_tokens"] > 0 for q in by_arm["vase"]["per_request"])
     assert by_arm["vase"]["kv_tokens_peak"] <= REQUESTS * (16 + 128 + 32)
+    # The round cost is measured in the same run: its seconds and share of the batch's wall time.
+    vase = by_arm["vase"]
+    assert 0 < vase["round_seconds_total"] < vase["wall_s"]
+    assert vase["round_share_of_wall"] == pytest.approx(vase["round_seconds_total"] / vase["wall_s"])
+    assert by_arm["none"]["round_seconds_total"] is None and by_arm["none"]["round_share_of_wall"] is None
     (ratio,) = doc["ratios"]
     assert ratio["pool"] == POOL
     assert ratio["throughput_vase_over_none"] > 0 and ratio["peak_running_vase_over_none"] > 0

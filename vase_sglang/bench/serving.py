@@ -463,6 +463,10 @@ def run_batch(server: Server, st: Settings, ids: list[list[int]]) -> dict:
         "tpot_s": _summary([r.tpot_s for r in results if r.tpot_s is not None]),
         "itl_s": _summary(itl),
         "kv_policy_state": kv_policy,  # GET /kv_policy after the batch
+        # Eviction rounds' share of the batch's wall time: the round cost at this batch, measured
+        # in the same run as the decode steps it interrupts.
+        "round_seconds_total": _round_seconds(kv_policy),
+        "round_share_of_wall": (_round_seconds(kv_policy) / wall) if wall and _round_seconds(kv_policy) else None,
         "per_request": [{k: v for k, v in asdict(r).items() if k not in ("chunk_gaps_s", "t_send")}
                         | {"tpot_s": r.tpot_s, "chunks": len(r.chunk_gaps_s) + (r.ttft_s is not None)}
                         for r in results],
@@ -557,6 +561,13 @@ def write_plot(results: list[dict], path: Path) -> str | None:
 
 # ---- main ---------------------------------------------------------------------------------
 
+def _round_seconds(kv_policy: dict | None) -> float | None:
+    ranks = ((kv_policy or {}).get("totals") or {}).get("per_rank") or []
+    secs = [x["round_seconds_total"] for x in ranks if x.get("round_seconds_total") is not None]
+    # Ranks evict in parallel, so the slowest rank is the time the batch waited.
+    return max(secs) if secs else None
+
+
 def _rounds_note(r: dict) -> str:
     ranks = ((r.get("kv_policy_state") or {}).get("totals") or {}).get("per_rank") or []
     rounds = sum(x.get("eviction_rounds") or 0 for x in ranks)
@@ -564,8 +575,10 @@ def _rounds_note(r: dict) -> str:
         return ""
     p50 = [x["round_latency_ms_p50"] for x in ranks if x.get("round_latency_ms_p50") is not None]
     mx = [x["round_latency_ms_max"] for x in ranks if x.get("round_latency_ms_max") is not None]
+    share = r.get("round_share_of_wall")
     return (f"; {rounds} eviction rounds, round latency p50 {_f(max(p50, default=None), '.1f')} ms, "
-            f"max {_f(max(mx, default=None), '.1f')} ms")
+            f"max {_f(max(mx, default=None), '.1f')} ms, "
+            f"{_f(100 * share if share is not None else None, '.1f')} % of the wall time")
 
 
 def _on_sigterm(signum, frame):  # so the finally blocks stop the servers
