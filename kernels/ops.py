@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -34,7 +36,8 @@ def resolve_backend(device: torch.device, backend: str | None = None) -> str:
     if choice == "auto":
         choice = "triton" if device.type == "cuda" else "torch"
     if choice == "triton" and not _triton_usable_on(device):
-        raise RuntimeError(f"Triton kernels cannot run on {device} tensors; set TRITON_INTERPRET=1 or use the torch backend")
+        raise RuntimeError(f"Triton kernels cannot run on {device} tensors; "
+                           "set TRITON_INTERPRET=1 or use the torch backend")
     key = f"{choice}@{device.type}"
     if key not in _announced:
         _announced.add(key)
@@ -43,7 +46,7 @@ def resolve_backend(device: torch.device, backend: str | None = None) -> str:
     return choice
 
 
-def _impl(name: str, device: torch.device, backend: str | None) -> object:
+def _impl(name: str, device: torch.device, backend: str | None) -> Callable[..., Any]:
     if resolve_backend(device, backend) == "torch":
         return getattr(reference, name)
     # Imported lazily: the torch path must not pay for Triton's JIT set-up.

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+
 @triton.jit
 def _orderable(x):
     # Float32 bits as an int32 whose signed order matches the float order (no NaNs).
@@ -79,7 +80,7 @@ def select(
     rows = fill_key.reshape(-1, c).contiguous()
     n_out = n_sink + n_large + n_fill
     out = torch.empty((rows.shape[0], n_out), dtype=torch.int64, device=fill_key.device)
-    reserve = reserve_key.reshape(-1, c).contiguous() if n_large > 0 else rows
+    reserve = reserve_key.reshape(-1, c).contiguous() if (n_large > 0 and reserve_key is not None) else rows
     noise_rows = noise.reshape(-1, c).contiguous() if noise is not None else rows
     if rows.shape[0] > 0:
         _select_kernel[(rows.shape[0],)](

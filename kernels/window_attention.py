@@ -59,16 +59,16 @@ def _window_lse(
     n_hq = tl.num_programs(1)
     q = _load_q(q_ptr, rl, hq, n_layers, R, D, s_qn, s_ql, s_qh, s_qr, s_qd, BLOCK_R, BLOCK_D)
     m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
-    l = tl.zeros((BLOCK_R,), tl.float32)
+    denom = tl.zeros((BLOCK_R,), tl.float32)  # running softmax denominator
     for c0 in range(0, C, BLOCK_C):
         offs_c = c0 + tl.arange(0, BLOCK_C)
         logits = _logits(q, k_ptr, slots_ptr, rl, hq // group, offs_c, n_layers, C, D, scale,
                          s_kl, s_ks, s_kh, s_kd, s_sr, s_sc, BLOCK_D)
         m_new = tl.maximum(m, tl.max(logits, axis=1))
-        l = l * tl.exp(m - m_new) + tl.sum(tl.exp(logits - m_new[:, None]), axis=1)
+        denom = denom * tl.exp(m - m_new) + tl.sum(tl.exp(logits - m_new[:, None]), axis=1)
         m = m_new
     offs_r = tl.arange(0, BLOCK_R)
-    tl.store(lse_ptr + (rl * n_hq + hq) * R + offs_r, m + tl.log(l), mask=offs_r < R)
+    tl.store(lse_ptr + (rl * n_hq + hq) * R + offs_r, m + tl.log(denom), mask=offs_r < R)
 
 
 @triton.jit

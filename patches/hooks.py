@@ -1,20 +1,24 @@
 """Register SGLang hooks on named targets and verify that each one took effect.
 
-SGLang's ``HookRegistry.apply_hooks`` only logs a failed patch, and ``load_plugins``
-only logs an exception raised by a plugin. A plugin that half-applied would serve
-wrong results silently, so every hook registered here is checked after it is applied
-and any failure stops the process with ``SystemExit`` (which neither swallows).
+Every target must be listed in ``manifest.MANIFEST`` with the same kind; before a hook
+is applied its target is checked against that entry (it exists, same parameters, same
+pinned source). SGLang's ``HookRegistry.apply_hooks`` only logs a failed patch, and
+``load_plugins`` only logs an exception raised by a plugin. A plugin that half-applied
+would serve wrong results silently, so every hook registered here is checked after it
+is applied and any failure stops the process with ``SystemExit`` (which neither swallows).
 """
 
 from __future__ import annotations
 
 import logging
-import pkgutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+from . import manifest
 
 logger = logging.getLogger("vase_sglang.patches")
 
@@ -31,8 +35,14 @@ class Hook:
 _pending: list[Hook] = []
 
 
+_KIND_NAMES = {BEFORE: manifest.BEFORE, AFTER: manifest.AFTER, AROUND: manifest.AROUND, REPLACE: manifest.REPLACE}
+
+
 def hook(target: str, kind: HookType) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: queue ``fn`` as a ``kind`` hook on the dotted ``target``."""
+    """Decorator: queue ``fn`` as a ``kind`` hook on the dotted ``target`` (listed in the manifest)."""
+    entry = manifest.BY_TARGET.get(target)
+    if entry is None or entry.kind != _KIND_NAMES[kind]:
+        raise ValueError(f"hook target {target} ({_KIND_NAMES[kind]}) is not in patches/manifest.py with that kind")
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         _pending.append(Hook(target, fn, kind))
@@ -48,26 +58,26 @@ def fail(message: str) -> None:
     raise SystemExit(f"vase-sglang: {message}")
 
 
-def _resolved(target: str) -> Any:
-    module_path, _, attr = target.rpartition(".")
-    owner = pkgutil.resolve_name(module_path)
-    raw = getattr(owner, "__dict__", {}).get(attr, getattr(owner, attr, None))
-    return getattr(raw, "__func__", raw)  # classmethod / staticmethod
+def check_contract(target: str) -> None:
+    """Stop the process if ``target`` no longer matches its manifest entry."""
+    try:
+        manifest.check(manifest.BY_TARGET[target])
+    except manifest.ContractError as exc:
+        fail(f"{exc}; vase-sglang needs sglang=={manifest.SGLANG_VERSION}")
 
 
 def apply(hooks: list[Hook]) -> None:
-    """Register, apply and verify ``hooks``; exit if any did not take."""
+    """Check, register, apply and verify ``hooks``; exit if any did not take."""
+    for h in hooks:
+        check_contract(h.target)
     for h in hooks:
         HookRegistry.register(h.target, h.fn, h.kind)
     HookRegistry.apply_hooks()
     for h in hooks:
-        try:
-            current = _resolved(h.target)
-        except Exception as exc:  # noqa: BLE001 - any import failure is fatal here
-            fail(f"hook target {h.target} cannot be resolved ({type(exc).__name__}: {exc}); "
-                 "vase-sglang needs sglang==0.5.23")
+        current = manifest.resolve(h.target)
         if h.target not in HookRegistry._patched or not hasattr(current, "__wrapped__"):
-            fail(f"hook on {h.target} did not take effect (see the log above); vase-sglang needs sglang==0.5.23")
+            fail(f"hook on {h.target} did not take effect (see the log above); "
+                 f"vase-sglang needs sglang=={manifest.SGLANG_VERSION}")
     logger.info("vase-sglang: %d hooks applied and verified", len(hooks))
 
 

@@ -2,8 +2,9 @@
 
 Main process:
 
-* ``SamplingParams.verify`` AFTER: a bad ``custom_params`` kv field raises ValueError,
-  which SGLang turns into HTTP 400; the server keeps running.
+* ``SamplingParams.verify`` AFTER: a bad or unknown ``custom_params`` kv field raises
+  ValueError, which SGLang turns into HTTP 400; the server keeps running. A valid one
+  is stamped into ``custom_params`` so the scheduler does not validate it again.
 * ``TokenizerManager.update_request_meta_info`` AROUND: our meta_info values are
   scalars, not per-token lists.
 * ``http_server.launch_server`` BEFORE: add ``GET /kv_policy``.
@@ -20,12 +21,11 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
 from typing import Any
 
-from vase_sglang.options import exported_config, request_config
+from vase_sglang import scheduler
+from vase_sglang.options import VALIDATED_KEY, exported_config, stamp_validated, validate_request
 
-from . import state
 from .hooks import AFTER, AROUND, BEFORE, REPLACE, hook
 
 logger = logging.getLogger("vase_sglang.patches.io")
@@ -37,8 +37,12 @@ META_KEYS = (*COUNTER_KEYS, "kv_prefix_digests")
 @hook("sglang.srt.sampling.sampling_params.SamplingParams.verify", AFTER)
 def _verify_custom_params(result: Any, params: Any, *args: Any, **kwargs: Any) -> None:
     custom = getattr(params, "custom_params", None)
+    if isinstance(custom, dict):
+        custom.pop(VALIDATED_KEY, None)  # only this hook writes it: a client's copy is not trusted
     if custom:
-        request_config(exported_config(), custom)  # PolicyConfigError is a ValueError -> 400
+        cfg, seed = validate_request(exported_config(), custom)  # PolicyConfigError is a ValueError -> 400
+        if isinstance(custom, dict) and any(str(k).startswith("kv_") for k in custom):
+            stamp_validated(custom, cfg, seed)
 
 
 @hook("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", AROUND)
@@ -51,15 +55,13 @@ def _scalar_meta(original, manager: Any, meta_info: dict, *args: Any, **kwargs: 
 
 
 def _meta_for(req: Any) -> tuple[int, int, int]:
-    st = getattr(req, "_vase", None)
-    if st is None:
-        return (max(0, len(req.output_ids) - 1), 0, 0)
-    return (st.region_len, st.evicted, st.rounds)
+    sched = scheduler.current()
+    return sched.counters(req) if sched is not None else (max(0, len(req.output_ids) - 1), 0, 0)
 
 
 def _digests(req: Any) -> str:
-    st = getattr(req, "_vase", None)
-    return ",".join(st.prefix_digests) if st is not None else ""
+    sched = scheduler.current()
+    return sched.digests(req) if sched is not None else ""
 
 
 def _streamer_class() -> type:
@@ -86,20 +88,8 @@ def _get_output_streamer_class(scheduler: Any) -> type:
 
 
 def totals() -> dict[str, Any]:
-    rt = state.runtime
-    if rt is None:
-        return {}
-    t = rt.totals
-    lat = sorted(t.round_seconds)
-    return {
-        "eviction_rounds": t.rounds,
-        "tokens_evicted": t.tokens_evicted,
-        "round_latency_ms_p50": round(1e3 * statistics.median(lat), 3) if lat else None,
-        "round_latency_ms_max": round(1e3 * lat[-1], 3) if lat else None,
-        # All rounds together, so a benchmark can state their share of the decode time.
-        "round_seconds_total": round(sum(lat), 4),
-        "query_ring_bytes": int(rt.qbuf.numel() * rt.qbuf.element_size()) if rt.qbuf is not None else 0,
-    }
+    sched = scheduler.current()
+    return sched.summary() if sched is not None else {}
 
 
 @hook("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
@@ -123,10 +113,13 @@ async def kv_policy_route() -> dict[str, Any]:
     return {"policy": cfg.policy, "config": cfg.to_dict(), "totals": live}
 
 
-@hook("sglang.srt.entrypoints.http_server.launch_server", BEFORE)
-def _add_route(*args: Any, **kwargs: Any) -> None:
+def add_kv_policy_route() -> None:
     from sglang.srt.entrypoints.http_server import app
 
     if not any(getattr(r, "path", None) == "/kv_policy" for r in app.routes):
         app.add_api_route("/kv_policy", kv_policy_route, methods=["GET"])
 
+
+@hook("sglang.srt.entrypoints.http_server.launch_server", BEFORE)
+def _add_route(*args: Any, **kwargs: Any) -> None:
+    add_kv_policy_route()

@@ -6,7 +6,7 @@
   exactly those SGLang makes.
 * ``KVCacheConfigurator._profile_available_bytes`` AROUND: subtract the query ring from
   the bytes the KV pool may use, before the pool is sized.
-* ``ModelRunner._init_post_memory_pool_components`` AFTER: build the EvictionRuntime
+* ``ModelRunner._init_post_memory_pool_components`` AFTER: build the VaseScheduler
   over the pools, check the model and print the policy memory.
 """
 
@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from vase_sglang.options import exported_config
+from vase_sglang import scheduler
+from vase_sglang.options import exported_config, exported_seed
 from vase_sglang.policies import POLICIES
-from vase_sglang.runtime import EvictionRuntime, stacked_view
+from vase_sglang.scheduler import VaseScheduler, query_ring_bytes_per_request, stacked_view
 
-from . import state
 from .hooks import AFTER, AROUND, fail, hook
 
 logger = logging.getLogger("vase_sglang.patches.memory")
@@ -45,15 +45,13 @@ def _one_allocation(original, pool: Any, *args: Any, **kwargs: Any) -> None:
         fused = torch.zeros((pool.layer_num, 2, padded, *k_shape[1:]), dtype=pool.store_dtype, device=pool.device)
     pool.k_buffer = [fused[layer, 0, :rows] for layer in range(pool.layer_num)]
     pool.v_buffer = [fused[layer, 1, :rows] for layer in range(pool.layer_num)]
-    pool._vase_fused = fused
 
 
 def ring_bytes_per_request(model_config: Any, tp_size: int) -> int:
     cfg = exported_config()
     heads = model_config.num_attention_heads // max(1, tp_size)
     itemsize = torch.empty((), dtype=model_config.dtype).element_size()
-    return EvictionRuntime.query_ring_bytes_per_request(cfg, model_config.num_hidden_layers, heads,
-                                                        model_config.head_dim, itemsize)
+    return query_ring_bytes_per_request(cfg, model_config.num_hidden_layers, heads, model_config.head_dim, itemsize)
 
 
 @hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes", AROUND)
@@ -67,8 +65,7 @@ def _reserve_policy_memory(original, configurator: Any, *args: Any, **kwargs: An
     server_args = get_context().server_args
     rows = (server_args.max_running_requests or 0) + 1
     per_request = ring_bytes_per_request(configurator.model_config, server_args.tp_size)
-    state.reserved_bytes = rows * per_request
-    return max(0, available - state.reserved_bytes)
+    return max(0, available - rows * per_request)
 
 
 def _check_model(model_runner: Any) -> None:
@@ -105,10 +102,9 @@ def _build_runtime(result: Any, model_runner: Any, *args: Any, **kwargs: Any) ->
     q_heads = kv_heads * (mc.num_attention_heads // mc.get_total_num_kv_heads())
     rows = model_runner.req_to_token_pool.size + 1
     capture = POLICIES[cfg.policy].needs_queries
-    state.runtime = EvictionRuntime(cfg, k_buf, v_buf, rows, q_heads, capture_queries=capture)
-    state.req_to_token_pool = model_runner.req_to_token_pool
-    per_request = EvictionRuntime.query_ring_bytes_per_request(cfg, k_buf.shape[0], q_heads, head_dim,
-                                                               k_buf.element_size())
+    scheduler.install(VaseScheduler(cfg, exported_seed(), k_buf, v_buf, model_runner.req_to_token_pool, q_heads,
+                                    capture_queries=capture))
+    per_request = query_ring_bytes_per_request(cfg, k_buf.shape[0], q_heads, head_dim, k_buf.element_size())
     logger.info(
         "vase-sglang: policy %s, budget %d + recent %d slots per request, layer and KV head; "
         "query ring %d bytes per request x %d request slots = %.1f MiB (counted before the KV pool was sized); "

@@ -18,7 +18,7 @@ import logging
 from typing import Any
 
 from vase_sglang.config import PolicyConfig, PolicyConfigError
-from vase_sglang.options import add_cli_flags, config_from_flags, export_config, exported_config
+from vase_sglang.options import add_cli_flags, config_from_flags, export_config, exported_config, seed_from_flag
 
 from .hooks import AFTER, AROUND, fail, hook
 
@@ -55,12 +55,13 @@ def _adjust_for_policy(server_args: Any, cfg: PolicyConfig) -> None:
         logger.info("vase-sglang: --kv-policy %s turns off the overlap scheduler", cfg.policy)
     if getattr(server_args, "max_running_requests", None) is None:
         server_args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
-    server_args._vase_config = cfg.to_dict()
 
 
-def config_or_exit(**flags: Any) -> PolicyConfig:
+def options_or_exit(policy: str | None, budget: Any, recent: Any, seed: Any,
+                    policy_config: Any) -> tuple[PolicyConfig, int | None]:
+    """The server's policy and --kv-seed from flag values; a bad one stops the process."""
     try:
-        return config_from_flags(**flags)
+        return config_from_flags(policy or "none", budget, recent, policy_config), seed_from_flag(seed)
     except PolicyConfigError as exc:
         fail(str(exc))
         raise  # unreachable
@@ -69,13 +70,12 @@ def config_or_exit(**flags: Any) -> PolicyConfig:
 @hook("sglang.srt.server_args.prepare_server_args", AROUND)
 def _prepare_server_args(original, argv: list[str], *args: Any, **kwargs: Any) -> Any:
     ns = _parse_flags(list(argv))
-    cfg = config_or_exit(policy=ns.kv_policy, budget=ns.kv_budget, recent=ns.kv_recent, seed=ns.kv_seed,
-                         policy_config=ns.kv_policy_config)
+    cfg, seed = options_or_exit(ns.kv_policy, ns.kv_budget, ns.kv_recent, ns.kv_seed, ns.kv_policy_config)
     server_args = original(argv, *args, **kwargs)
-    export_config(cfg)
+    export_config(cfg, seed)
     _adjust_for_policy(server_args, cfg)
     if cfg.evicts:
-        logger.info("vase-sglang: KV policy %s", cfg.to_dict())
+        logger.info("vase-sglang: KV policy %s, --kv-seed %s", cfg.to_dict(), "per request" if seed is None else seed)
     return server_args
 
 
@@ -84,14 +84,14 @@ def engine_server_args(server_args_class: type):
 
     def factory(**kwargs: Any) -> Any:
         flags = {name: kwargs.pop(name, None) for name in ENGINE_KWARGS}
-        cfg = config_or_exit(policy=flags["kv_policy"] or "none", budget=flags["kv_budget"],
-                             recent=flags["kv_recent"], seed=flags["kv_seed"], policy_config=flags["kv_policy_config"])
+        cfg, seed = options_or_exit(flags["kv_policy"], flags["kv_budget"], flags["kv_recent"], flags["kv_seed"],
+                                    flags["kv_policy_config"])
         server_args = server_args_class(**kwargs)
-        export_config(cfg)
+        export_config(cfg, seed)
         _adjust_for_policy(server_args, cfg)
         return server_args
 
-    factory.__wrapped__ = server_args_class  # verified like the registry's hooks
+    factory.__wrapped__ = server_args_class  # type: ignore[attr-defined]  # verified like the registry's hooks
     factory.__name__ = "vase_server_args_factory"
     return factory
 

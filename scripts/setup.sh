@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv and installs vase-sglang with the named extras. A regular (not
-# editable) install: only a wheel carries vase_sglang_cpu_mode.pth into site-packages.
+# editable) install: only a wheel carries the vase_sglang_*.pth files into site-packages.
 # Usage: scripts/setup.sh [extra[,extra...]]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
-# Sets up .venv (first run: ~6 min, ~11 GB for sglang 0.5.23 and torch) and runs the
-# whole test suite, end-to-end tests included. Extra arguments go to pytest.
+# Sets up .venv (first run: ~6 min, ~11 GB for sglang 0.5.23 and torch), checks the
+# tree with ruff and mypy, and runs the whole test suite, end-to-end tests included.
+# Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+repo="$(pwd)"
 bash scripts/setup.sh test
 set +e
+.venv/bin/ruff check .
+lint=$?
+# mypy checks the installed package: the source tree maps kernels/ and patches/ into
+# vase_sglang only at install time. Run from outside the checkout so it is not shadowed.
+(cd / && "$repo/.venv/bin/mypy" --config-file "$repo/pyproject.toml" --cache-dir "$repo/.mypy_cache" -p vase_sglang)
+types=$?
 # Not `python -m pytest`: that would put the checkout on sys.path ahead of the install.
 .venv/bin/pytest "$@"
 rc=$?
 set -e
+if [ "$lint" -ne 0 ] || [ "$types" -ne 0 ]; then
+  echo "error: ruff (exit $lint) or mypy (exit $types) failed; pytest exited $rc" >&2
+  exit 1
+fi
 if [ "$rc" -eq 5 ]; then
   echo "error: pytest collected no tests (exit 5); refusing to pass an empty run" >&2
   exit 1

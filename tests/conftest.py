@@ -28,7 +28,7 @@ VASE_ARGS = ("--kv-policy", "vase", "--kv-budget", "128", "--kv-recent", "32", "
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory):
-    from vase_sglang.tiny_model import build_tiny_qwen3
+    from vase_sglang.bundled.tiny_model import build_tiny_qwen3
 
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
 

@@ -7,7 +7,6 @@ import sys
 import time
 
 import requests
-
 from server import cpu_env
 
 B, R, SEED = 128, 32, 7

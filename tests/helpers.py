@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import torch
+from conftest import DEVICE
 
 from vase_sglang.config import PolicyConfig
 from vase_sglang.policies import Regions
-
-from conftest import DEVICE
 
 
 def random_regions(

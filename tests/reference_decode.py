@@ -22,7 +22,7 @@ class ReferenceDecoder:
         self.model = model.eval()
         self.cfg = cfg if cfg is not None and cfg.evicts else None
         self.policy = make_policy(self.cfg, backend="torch") if self.cfg else None
-        self.seed = seed if seed is not None else (cfg.seed if cfg else 0)
+        self.seed = seed if seed is not None else 0
         mc = model.config
         self.n_layers = mc.num_hidden_layers
         self.hq, self.hkv = mc.num_attention_heads, mc.num_key_value_heads

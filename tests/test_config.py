@@ -41,7 +41,6 @@ def test_n_large_follows_budget_unless_given() -> None:
         ({"smoothing_kernel": 0}, "smoothing_kernel", ">= 1"),
         ({"sketch_rank": 0}, "sketch_rank", ">= 1"),
         ({"rkv_lambda": 1.5}, "rkv_lambda", "[0, 1.0]"),
-        ({"seed": -3}, "seed", ">= 0"),
         ({"budget": "4096"}, "budget", "integer"),
         ({"budget": True}, "budget", "integer"),
     ],

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from e2e_helpers import PROMPT, REGION, greedy, wait_idle
 
 pytestmark = pytest.mark.e2e
@@ -90,3 +89,22 @@ def test_malformed_policy_fields_are_http_400(load_server) -> None:
         body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, "custom_params": bad}}
         r = requests.post(load_server.url + "/generate", json=body, timeout=60)
         assert r.status_code == 400, (bad, r.text)
+    # A misspelt field is an error, not silently ignored; other keys stay allowed.
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, "custom_params": {"kv_budjet": 64}}}
+    r = requests.post(load_server.url + "/generate", json=body, timeout=60)
+    assert r.status_code == 400 and "did you mean 'kv_budget'" in r.text, r.text
+    body["sampling_params"]["custom_params"] = {"my_processor_arg": 1}
+    assert requests.post(load_server.url + "/generate", json=body, timeout=60).status_code == 200
+
+
+def test_a_client_cannot_forge_the_validation_stamp(load_server) -> None:
+    """The scheduler trusts only what the tokenizer process validated: a client-sent stamp
+    with a budget beyond the server's is dropped, and the server's own budget applies."""
+    forged = {"__vase_validated__": {"config": {"policy": "vase", "budget": 4096, "recent": 32}, "seed": 1}}
+    body = {"input_ids": PROMPT,
+            "sampling_params": {"max_new_tokens": REGION + 64, "temperature": 0, "ignore_eos": True,
+                                "custom_params": forged}}
+    r = requests.post(load_server.url + "/generate", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    meta = r.json()["meta_info"]
+    assert meta["kv_eviction_rounds"] >= 1 and meta["kv_region_len"] <= REGION, meta

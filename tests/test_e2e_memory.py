@@ -6,9 +6,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from conftest import ADMISSION_POOL
-
 from e2e_helpers import PROMPT, REGION, greedy, wait_idle
 
 pytestmark = pytest.mark.e2e

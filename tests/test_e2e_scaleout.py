@@ -9,7 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-
 from conftest import VASE_ARGS, _server
 from e2e_helpers import PROMPT, REGION, greedy, wait_idle
 

@@ -13,11 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 import torch
+from e2e_helpers import PROMPT, REGION, SEED, B, R, greedy, launch, tokens, wait_idle
+from reference_decode import ReferenceDecoder
 
 from vase_sglang.config import PolicyConfig
-
-from reference_decode import ReferenceDecoder
-from e2e_helpers import B, PROMPT, R, REGION, SEED, greedy, launch, tokens, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +33,8 @@ def test_help_lists_kv_flags() -> None:
         (("--kv-policy", "bogus"), "argument --kv-policy: invalid choice: 'bogus'"),
         (("--kv-policy", "vase", "--kv-budget", "100", "--kv-recent", "64"),
          "invalid --kv-budget 100: must be a multiple of recent=64"),
-        (("--kv-policy", "vase", "--kv-policy-config", '{"n_large": 9999}'), "invalid --kv-policy-config field 'n_large'"),
+        (("--kv-policy", "vase", "--kv-policy-config", '{"n_large": 9999}'),
+         "invalid --kv-policy-config field 'n_large'"),
         (("--kv-policy", "vase", "--enable-mixed-chunk", "--attention-backend", "torch_native"),
          "--kv-policy vase cannot run with: --enable-mixed-chunk"),
     ],
@@ -76,14 +76,14 @@ def test_logits_match_a_reference_decode_loop_after_several_rounds(vase_server, 
     assert out["meta_info"]["kv_eviction_rounds"] >= 5
     server_lp = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    ref = ReferenceDecoder(model, PolicyConfig(policy="vase", budget=B, recent=R, seed=SEED))
+    ref = ReferenceDecoder(model, PolicyConfig(policy="vase", budget=B, recent=R), seed=SEED)
     logits = ref.prefill(PROMPT)
     ref_lp = []
     for token in tokens(out):
         ref_lp.append(torch.log_softmax(logits, -1)[token].item())
         logits = ref.step(token)
     assert ref.rounds == out["meta_info"]["kv_eviction_rounds"]
-    worst = max(abs(a - b) for a, b in zip(server_lp, ref_lp))
+    worst = max(abs(a - b) for a, b in zip(server_lp, ref_lp, strict=True))
     assert worst < LOGPROB_TOL, f"max |logprob diff| = {worst}"
 
 
@@ -110,7 +110,7 @@ def test_shared_prefix_stays_in_the_tree_untouched(vase_server, none_server) -> 
     # The prompt's K/V bytes (all layers, both K and V) are bit-identical at the start of
     # each region and after every round, in every request.
     digests = [m["kv_prefix_digests"].split(",") for m in metas]
-    assert all(len(d) == 1 + m["kv_eviction_rounds"] for d, m in zip(digests, metas))
+    assert all(len(d) == 1 + m["kv_eviction_rounds"] for d, m in zip(digests, metas, strict=True))
     assert len({x for d in digests for x in d}) == 1
 
     # A follow-up whose prompt contains an answer must not get compacted KV from the tree:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from e2e_helpers import greedy, tokens, wait_idle
 
 pytestmark = pytest.mark.e2e

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from vase_sglang.bundled.tasks.chain import ChainTask
 from vase_sglang.eval.__main__ import PROG, build_parser
 from vase_sglang.eval.report import markdown_table, summarize, write_plot
 from vase_sglang.eval.runner import Arm, Sample, custom_params
 from vase_sglang.eval.signatures import has_loop, unclosed_think
 from vase_sglang.eval.suites import SuiteError, chain_suite, grade_math, load_benchmark
-from vase_sglang.tasks.chain import ChainTask
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -15,14 +15,13 @@ import sys
 import numpy as np
 import pytest
 import torch
+from reference_decode import ReferenceDecoder
 
 from vase_sglang.config import PolicyConfig
 from vase_sglang.fidelity.loop import BatchedDecoder, generate
 from vase_sglang.fidelity.metrics import FullChunk, PositionMetrics, repeat_4gram_share
 from vase_sglang.fidelity.sweep import ArmSpec, sweep_arms, teacher_forced
 from vase_sglang.policies import EvictLargeValues, Regions
-
-from reference_decode import ReferenceDecoder
 
 B, R = 64, 16
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 40, 41, 42], [60, 61, 62, 63, 64, 65, 66]]
@@ -58,12 +57,12 @@ def test_prefill_matches_transformers(model, decoder) -> None:
 @pytest.mark.parametrize("policy", ["vase", "snapkv", "vase-dkv", "streamingllm"])
 def test_chunked_batch_equals_the_one_token_reference_loop(model, decoder, reference, policy: str) -> None:
     """Same logits as ReferenceDecoder (the server's oracle), per prompt, through 8 rounds."""
-    cfg = PolicyConfig(policy=policy, budget=B, recent=R, seed=3)
+    cfg = PolicyConfig(policy=policy, budget=B, recent=R)
     arm = decoder.new_arm(policy, ArmSpec("sweep", policy, B, 3).build(R), seed=3)
     batched = torch.cat([decoder.feed(arm, reference[:, c : c + R]) for c in range(0, N_TOKENS, R)], dim=1)
     assert arm.rounds == (N_TOKENS - (B + R)) // R
     for i, ids in enumerate(PROMPTS):
-        ref = ReferenceDecoder(model, cfg)
+        ref = ReferenceDecoder(model, cfg, seed=3)
         ref.prefill(ids)
         one_by_one = torch.stack([ref.step(int(t)) for t in reference[i]])
         assert ref.rounds == arm.rounds

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import DEVICE
+from helpers import random_regions
 
 from vase_sglang.config import PolicyConfig
 from vase_sglang.kernels import ops, reference
-
-from conftest import DEVICE
-from helpers import random_regions
 
 SCORE_RTOL = 1e-4
 SCORE_ATOL = 1e-6
@@ -73,7 +72,8 @@ def test_window_attention_score_bf16_inputs() -> None:
 def test_cur_score(shape: tuple, rank: int) -> None:
     cfg, r = _regions(shape)
     cand = r.candidates(cfg.recent)
-    sketch = torch.randn((r.n_req, r.n_layers, r.k_buf.shape[-1], rank), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    sketch = torch.randn((r.n_req, r.n_layers, r.k_buf.shape[-1], rank),
+                         generator=torch.Generator().manual_seed(3)).to(DEVICE)
     got = ops.cur_score(r.k_buf, r.v_buf, cand, sketch, backend="triton")
     _close(got, reference.cur_score(r.k_buf, r.v_buf, cand, sketch))
     torch.testing.assert_close(got.sum(-1), torch.ones_like(got.sum(-1)), rtol=1e-5, atol=1e-5)

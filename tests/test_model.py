@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from vase_sglang.model import build_tokenizer, bundled_model_path, chat_prompt
-from vase_sglang.tasks.chain import ChainTask
-from vase_sglang.train import HELD_OUT_SEED, greedy_accuracy, held_out, parse_args, train
+from vase_sglang.bundled.model import build_tokenizer, bundled_model_path, chat_prompt
+from vase_sglang.bundled.tasks.chain import ChainTask
+from vase_sglang.bundled.train import HELD_OUT_SEED, greedy_accuracy, held_out, parse_args, train
 
 DEFAULT_TEST_BUDGET = 128  # the smoke test's tight budget; scripts/serve.sh serves larger ones
 
@@ -81,7 +81,8 @@ def test_training_is_deterministic_from_the_seed(tmp_path: Path) -> None:
     assert held_out(ChainTask(steps=5), 2)[0].prompt == ChainTask(steps=5).generate(HELD_OUT_SEED).prompt
 
 
-@pytest.mark.parametrize("args", [["--steps", "0"], ["--steps", "-1"], ["--curriculum", "2"], ["--max-chain-steps", "200"],
+@pytest.mark.parametrize("args", [["--steps", "0"], ["--steps", "-1"], ["--curriculum", "2"], ["--max-chain-steps",
+                                                                                               "200"],
                                   ["--init-from", "/no/such/run"]])
 def test_training_rejects_bad_options(args: list[str]) -> None:
     with pytest.raises(SystemExit):

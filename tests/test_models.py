@@ -156,7 +156,8 @@ def test_convert_tiny_gguf_roundtrip(tmp_path: Path, tiny_ggufs: dict[bool, Tiny
     config = AutoConfig.from_pretrained(out)
     assert getattr(config, "quantization_config", None) is None
     assert config.architectures == ["LlamaForCausalLM"]
-    assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads) == (LAYERS, HEADS, KV_HEADS)
+    assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads) == (LAYERS, HEADS,
+                                                                                                  KV_HEADS)
     assert (config.hidden_size, config.intermediate_size, config.vocab_size) == (HIDDEN, FFN, len(src.tokens))
     assert config.tie_word_embeddings is tied
     assert config.head_dim == HEAD_DIM and config.max_position_embeddings == CONTEXT
@@ -229,7 +230,8 @@ def test_missing_gguf_without_install_is_a_clear_error(tmp_path: Path, monkeypat
     spec = replace(SPEC, distribution="vase-test-not-installed")
     monkeypatch.setitem(models.MODELS, spec.name, spec)
     monkeypatch.setattr(models, "install_distribution", _no_install)
-    with pytest.raises(ModelFetchError, match=r"tiny\.gguf not found in the installed vase-test-not-installed==0\.0\.1"):
+    with pytest.raises(ModelFetchError,
+                       match=r"tiny\.gguf not found in the installed vase-test-not-installed==0\.0\.1"):
         models.fetch(spec.name, root=tmp_path, install=False)
     assert not (tmp_path / "models").exists()
 

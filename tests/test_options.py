@@ -7,15 +7,25 @@ import argparse
 import pytest
 
 from vase_sglang.config import PolicyConfig, PolicyConfigError
-from vase_sglang.options import add_cli_flags, config_from_flags, export_config, exported_config, request_config
+from vase_sglang.options import (
+    add_cli_flags,
+    config_from_flags,
+    export_config,
+    exported_config,
+    exported_seed,
+    request_config,
+    seed_from_flag,
+    validate_request,
+)
 
 
 def test_flags_parse_and_show_in_help(capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser(prog="launch_server")
     add_cli_flags(parser)
     ns = parser.parse_args(["--kv-policy", "vase", "--kv-budget", "128", "--kv-recent", "32"])
-    cfg = config_from_flags(ns.kv_policy, ns.kv_budget, ns.kv_recent, ns.kv_seed, ns.kv_policy_config)
+    cfg = config_from_flags(ns.kv_policy, ns.kv_budget, ns.kv_recent, ns.kv_policy_config)
     assert (cfg.policy, cfg.budget, cfg.recent, cfg.large) == ("vase", 128, 32, 32)
+    assert ns.kv_seed is None and seed_from_flag(ns.kv_seed) is None  # default: a seed per request
     with pytest.raises(SystemExit):
         parser.parse_args(["--help"])
     out = capsys.readouterr().out
@@ -33,9 +43,11 @@ def test_flags_parse_and_show_in_help(capsys: pytest.CaptureFixture[str]) -> Non
         ({"policy": "vase", "recent": 100}, "invalid --kv-budget 4096: must be a multiple of recent=100"),
         ({"policy": "vase", "policy_config": '{"n_large": 5000}'}, "invalid --kv-policy-config field 'n_large' 5000"),
         ({"policy": "vase", "policy_config": '{"bogus": 1}'}, "--kv-policy-config field 'bogus' 1: unknown field"),
-        ({"policy": "vase", "policy_config": "{not json"}, "invalid --kv-policy-config '{not json': must be valid JSON"),
+        ({"policy": "vase", "policy_config": "{not json"},
+         "invalid --kv-policy-config '{not json': must be valid JSON"),
         ({"policy": "vase", "budget": 256, "policy_config": '{"budget": 128}'}, "given both as --kv-budget"),
         ({"policy": "vase", "policy_config": '{"policy": "rkv"}'}, "set it with --kv-policy"),
+        ({"policy": "vase", "policy_config": '{"seed": 3}'}, "set it with --kv-seed"),
         ({"policy": "bogus"}, "invalid --kv-policy 'bogus': must be one of none, vase"),
     ],
 )
@@ -48,20 +60,29 @@ def test_flag_errors_name_the_flag(kwargs: dict, message: str) -> None:
 def test_export_roundtrip(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VASE_SGLANG_CONFIG", raising=False)
     assert exported_config().policy == "none"
-    cfg = config_from_flags("vase-dkv", 256, 32, 9, '{"sketch_rank": 8}')
-    export_config(cfg)
-    assert exported_config() == cfg
+    assert exported_seed() is None
+    cfg = config_from_flags("vase-dkv", 256, 32, '{"sketch_rank": 8}')
+    export_config(cfg, 9)
+    assert exported_config() == cfg and exported_seed() == 9
 
 
-SERVER = PolicyConfig(policy="vase", budget=256, recent=32, seed=1)
+@pytest.mark.parametrize("bad", [-1, 2**63, "7", True, 1.5])
+def test_bad_server_seed(bad: object) -> None:
+    with pytest.raises(PolicyConfigError, match="invalid --kv-seed"):
+        seed_from_flag(bad)
+
+
+SERVER = PolicyConfig(policy="vase", budget=256, recent=32)
 
 
 def test_request_overrides() -> None:
     assert request_config(SERVER, None) is SERVER
     assert request_config(SERVER, {"unrelated": 1}) is SERVER
     assert request_config(SERVER, {"kv_policy": "none"}).policy == "none"
-    small = request_config(SERVER, {"kv_budget": 128, "kv_seed": 5})
-    assert (small.budget, small.seed, small.large, small.recent) == (128, 5, 32, 32)
+    small, seed = validate_request(SERVER, {"kv_budget": 128, "kv_seed": 5})
+    assert (small.budget, seed, small.large, small.recent) == (128, 5, 32, 32)
+    # The seed is not part of the config: requests that differ only in it share one policy.
+    assert validate_request(SERVER, {"kv_seed": 6}) == (SERVER, 6)
     assert request_config(SERVER, {"kv_policy": "vase-dkv"}).policy == "vase-dkv"
 
 
@@ -72,7 +93,11 @@ def test_request_overrides() -> None:
         ({"kv_budget": 100}, "kv_budget", "multiple of recent=32"),
         ({"kv_budget": "big"}, "kv_budget", "integer"),
         ({"kv_policy": "bogus"}, "kv_policy", "must be one of"),
-        ({"kv_seed": -1}, "kv_seed", ">= 0"),
+        ({"kv_seed": -1}, "kv_seed", "[0, 2**63 - 1]"),
+        ({"kv_seed": "x"}, "kv_seed", "integer"),
+        ({"kv_budjet": 128}, "kv_budjet", "unknown request field; did you mean 'kv_budget'?"),
+        ({"kv_polcy": "vase"}, "kv_polcy", "did you mean 'kv_policy'?"),
+        ({"kv_zzz": 1}, "kv_zzz", "fields: kv_policy, kv_budget, kv_n_large, kv_seed"),
         ({"kv_recent": 16}, "kv_recent", "cannot be set per request"),
         ({"kv_n_large": 1000}, "kv_n_large", "budget - recent - sinks"),
     ],

@@ -3,8 +3,9 @@ distribution (which the tests and servers import) has all of it."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 

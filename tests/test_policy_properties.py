@@ -6,14 +6,13 @@ import math
 
 import pytest
 import torch
+from helpers import random_regions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vase_sglang.config import PolicyConfig
 from vase_sglang.kernels import ops, reference
 from vase_sglang.policies import POLICIES, make_policy
-
-from helpers import random_regions
 
 EVICTING = [name for name, cls in POLICIES.items() if cls.evicts]
 STOCHASTIC = [name for name, cls in POLICIES.items() if cls.stochastic or name == "vase-dkv"]

@@ -11,11 +11,10 @@ import itertools
 
 import pytest
 import torch
+from conftest import DEVICE
 from scipy.stats import chisquare
 
 from vase_sglang.kernels import ops
-
-from conftest import DEVICE
 
 WEIGHTS = [0.05, 0.1, 0.2, 0.3, 0.35]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vase_sglang.tasks import ChainTask, grade
-from vase_sglang.tasks.chain import TOKENS_PER_STEP, extract_answer
+from vase_sglang.bundled.tasks import ChainTask, grade
+from vase_sglang.bundled.tasks.chain import TOKENS_PER_STEP, extract_answer
 
 
 def test_same_seed_same_problem_and_answers_are_exact() -> None:
@@ -37,9 +37,9 @@ def test_chain_text_states_each_step_in_eight_words() -> None:
     assert problem.prompt.startswith("vars R0 ") and problem.prompt.endswith(" solve")
     # every value written after a name is that name's value
     values = list(problem.initial)
-    for i, far, near in problem.steps:
+    for _, far, near in problem.steps:
         values.append((values[near] + values[far]) % 10)
-    for name, value in zip(words[1::1], words[2::1]):
+    for name, value in zip(words[1:], words[2:], strict=False):
         if name.startswith("R") and value.isdigit():
             assert values[int(name[1:])] == int(value)
 

@@ -5,7 +5,9 @@ Layers, from the bottom:
 * ``vase_sglang.config``    -- ``PolicyConfig``, validated once.
 * ``vase_sglang.kernels``   -- tensor-only Triton kernels and their torch references.
 * ``vase_sglang.policies``  -- one small class per eviction method (pure algorithm).
-* ``vase_sglang.patches``   -- the thin SGLang glue (hooks on named targets).
+* ``vase_sglang.scheduler`` -- ``VaseScheduler``: the one owner of per-request eviction state.
+* ``vase_sglang.patches``   -- the thin SGLang glue: hooks on the targets listed in
+  ``patches/manifest.py``, each one call into the scheduler adapter.
 """
 
 import os as _os
@@ -18,7 +20,7 @@ if not _os.path.isdir(_os.path.join(_os.path.dirname(__file__), "kernels")) and 
 ):
     __path__.append(_root)  # noqa: F821 - the package's own __path__
 
-from .config import POLICY_NAMES, VALUE_STATS, PolicyConfig, PolicyConfigError
+from .config import POLICY_NAMES, VALUE_STATS, PolicyConfig, PolicyConfigError  # noqa: E402 - after __path__
 
 __version__ = "0.1.0"
 

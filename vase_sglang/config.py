@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 POLICY_NAMES: tuple[str, ...] = (
     "none",
@@ -76,7 +77,8 @@ class PolicyConfig:
     smoothing_kernel: int = 5
     sketch_rank: int = 20
     rkv_lambda: float = 0.5
-    seed: int = 0
+    # No seed here: the seed of the noise is per request (``Regions.seeds``), so that
+    # requests that differ only in their seed share one policy object and one round batch.
     # Resolved value of n_large, filled in by __post_init__.
     _n_large: int = field(default=0, init=False, repr=False, compare=False)
 
@@ -116,7 +118,6 @@ class PolicyConfig:
             raise PolicyConfigError("smoothing_kernel", self.smoothing_kernel, "must be odd (1 disables smoothing)")
         _require_int("sketch_rank", self.sketch_rank, 1)
         _require_float("rkv_lambda", self.rkv_lambda, positive=False, upper=1.0)
-        _require_int("seed", self.seed, 0)
 
     # ---- derived sizes -------------------------------------------------------------
     @property
@@ -151,7 +152,7 @@ class PolicyConfig:
         out["n_large"] = self.large
         return out
 
-    def replace(self, **changes: Any) -> "PolicyConfig":
+    def replace(self, **changes: Any) -> PolicyConfig:
         """A copy with some fields changed, validated again.
 
         Changing the budget without naming n_large re-derives n_large = budget // 4.
@@ -167,22 +168,24 @@ class PolicyConfig:
         return tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any], base: "PolicyConfig | None" = None) -> "PolicyConfig":
+    def from_dict(cls, values: Mapping[str, Any], base: PolicyConfig | None = None) -> PolicyConfig:
         """Build from a mapping (e.g. ``--kv-policy-config`` JSON), rejecting unknown keys."""
         if not isinstance(values, Mapping):
             raise PolicyConfigError("kv_policy_config", values, "must be a JSON object")
         allowed = cls.field_names()
         unknown = sorted(set(values) - set(allowed))
         if unknown:
-            raise PolicyConfigError(unknown[0], values[unknown[0]], f"unknown field; allowed fields: {', '.join(allowed)}")
+            raise PolicyConfigError(unknown[0], values[unknown[0]],
+                                    f"unknown field; allowed fields: {', '.join(allowed)}")
         if base is None:
             return cls(**dict(values))
         return base.replace(**dict(values))
 
     @classmethod
-    def from_json(cls, text: str, base: "PolicyConfig | None" = None) -> "PolicyConfig":
+    def from_json(cls, text: str, base: PolicyConfig | None = None) -> PolicyConfig:
         try:
             values = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise PolicyConfigError("kv_policy_config", text, f"must be valid JSON ({exc.msg} at char {exc.pos})") from None
+            raise PolicyConfigError("kv_policy_config", text,
+                                    f"must be valid JSON ({exc.msg} at char {exc.pos})") from None
         return cls.from_dict(values, base)

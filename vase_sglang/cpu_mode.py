@@ -51,8 +51,8 @@ def _unavailable(name: str):
 
 def make_stub() -> types.ModuleType:
     mod = types.ModuleType("sgl_kernel", "vase-sglang CPU stand-in for sgl_kernel")
-    mod.__version__ = STUB_VERSION
-    mod.VASE_CPU_STAND_IN = True
+    setattr(mod, "__version__", STUB_VERSION)  # noqa: B010 - a module object has no declared attributes
+    setattr(mod, "VASE_CPU_STAND_IN", True)  # noqa: B010
     for name in STUB_NAMES:
         setattr(mod, name, _unavailable(name))
     return mod
@@ -64,7 +64,7 @@ class _Loader(importlib.abc.Loader):
 
     def create_module(self, spec):
         real = importlib.machinery.PathFinder.find_spec("sgl_kernel")
-        if real is not None:
+        if real is not None and real.loader is not None:
             module = importlib.util.module_from_spec(real)
             sys.modules["sgl_kernel"] = module  # its own submodules import the parent
             try:

@@ -7,13 +7,17 @@ names the flag (or request field) as the user typed it.
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
+import hashlib
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from .config import POLICY_NAMES, PolicyConfig, PolicyConfigError
-from .policies import POLICIES
+from .policies import POLICIES, mix_seed
 
 # The environment carries the server's policy to every SGLang process (scheduler,
 # detokenizer, DP controller) and survives ``sglang.Engine(**kwargs)``.
@@ -25,13 +29,26 @@ FLAG_FOR_FIELD = {
     "recent": "--kv-recent",
     "seed": "--kv-seed",
 }
-# Per-request fields in sampling_params.custom_params.
+# Per-request fields in sampling_params.custom_params, and the PolicyConfig field each sets.
 REQUEST_FIELDS = {
     "kv_policy": "policy",
     "kv_budget": "budget",
-    "kv_seed": "seed",
     "kv_n_large": "n_large",
 }
+REQUEST_KEYS = (*REQUEST_FIELDS, "kv_seed")
+# The tokenizer process writes the validated options under this key; the scheduler reads
+# them instead of validating a second time.
+VALIDATED_KEY = "__vase_validated__"
+_SEED_STREAM = 3  # mix_seed tag of seeds derived from a request's sampling seed
+_MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """What one request evicts with: the policy config and the seed of its noise."""
+
+    cfg: PolicyConfig
+    seed: int
 
 
 def add_cli_flags(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +66,10 @@ def add_cli_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kv-recent", type=int, default=None,
                        help="recent window R: always kept, and the round interval; the budget must be a "
                             "multiple of it (default 64)")
-    group.add_argument("--kv-seed", type=int, default=None, help="seed of the stochastic policies (default 0)")
+    group.add_argument("--kv-seed", type=int, default=None,
+                       help="one seed for the eviction noise of every request (reproducible runs); default: "
+                            "each request draws its own, from its sampling_seed when given, else from its id. "
+                            "A request's kv_seed overrides both")
     group.add_argument("--kv-policy-config", default=None, metavar="JSON",
                        help="other policy fields as JSON, e.g. '{\"n_large\": 512, \"value_stat\": \"l2\"}'; "
                             f"fields: {', '.join(PolicyConfig.field_names())}")
@@ -70,21 +90,33 @@ def config_from_flags(
     policy: str = "none",
     budget: int | None = None,
     recent: int | None = None,
-    seed: int | None = None,
     policy_config: str | Mapping[str, Any] | None = None,
 ) -> PolicyConfig:
     """Build the server's PolicyConfig from flag values (``None`` = not given)."""
     try:
-        return _config_from_flags(policy, budget, recent, seed, policy_config)
+        return _config_from_flags(policy, budget, recent, policy_config)
     except PolicyConfigError as exc:
         raise _flagged(exc) from None
+
+
+def seed_from_flag(seed: Any) -> int | None:
+    """``--kv-seed``: None (per-request seeds) or an integer in [0, 2**63)."""
+    if seed is None:
+        return None
+    return _checked_seed("seed", seed, flag="--kv-seed")
+
+
+def _checked_seed(field: str, seed: Any, flag: str | None = None) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MAX_SEED:
+        err = PolicyConfigError(field, seed, "must be an integer in [0, 2**63 - 1]")
+        raise (_flagged(err) if flag else err)
+    return seed
 
 
 def _config_from_flags(
     policy: str,
     budget: int | None,
     recent: int | None,
-    seed: int | None,
     policy_config: str | Mapping[str, Any] | None,
 ) -> PolicyConfig:
     values: dict[str, Any] = {}
@@ -100,19 +132,22 @@ def _config_from_flags(
         if not isinstance(parsed, dict):
             raise PolicyConfigError("kv_policy_config", policy_config, "must be a JSON object")
         values.update(parsed)
-    for name, value in (("budget", budget), ("recent", recent), ("seed", seed)):
+    for name, value in (("budget", budget), ("recent", recent)):
         if value is not None:
             if name in values:
                 raise PolicyConfigError(name, value, f"given both as {FLAG_FOR_FIELD[name]} and in --kv-policy-config")
             values[name] = value
-    if "policy" in values:
-        raise PolicyConfigError("policy", values["policy"], "set it with --kv-policy, not in --kv-policy-config")
+    for name in ("policy", "seed"):
+        if name in values:
+            raise PolicyConfigError(name, values[name],
+                                    f"set it with {FLAG_FOR_FIELD[name]}, not in --kv-policy-config")
     values["policy"] = policy
     return PolicyConfig.from_dict(values)
 
 
-def export_config(cfg: PolicyConfig) -> None:
-    os.environ[ENV_CONFIG] = json.dumps(cfg.to_dict(), sort_keys=True)
+def export_config(cfg: PolicyConfig, seed: int | None = None) -> None:
+    """Hand the server's policy and ``--kv-seed`` to every SGLang process it starts."""
+    os.environ[ENV_CONFIG] = json.dumps({"config": cfg.to_dict(), "seed": seed}, sort_keys=True)
 
 
 def exported_config() -> PolicyConfig:
@@ -120,36 +155,57 @@ def exported_config() -> PolicyConfig:
 
     Called per request; parsed once per distinct value of the variable.
     """
-    return _parse_exported(os.environ.get(ENV_CONFIG))
+    return _parse_exported(os.environ.get(ENV_CONFIG))[0]
+
+
+def exported_seed() -> int | None:
+    """The server's ``--kv-seed`` (None: each request draws its own)."""
+    return _parse_exported(os.environ.get(ENV_CONFIG))[1]
 
 
 @functools.lru_cache(maxsize=4)
-def _parse_exported(text: str | None) -> PolicyConfig:
-    return PolicyConfig(policy="none") if not text else PolicyConfig.from_json(text)
+def _parse_exported(text: str | None) -> tuple[PolicyConfig, int | None]:
+    if not text:
+        return PolicyConfig(policy="none"), None
+    data = json.loads(text)
+    return PolicyConfig.from_dict(data["config"]), data["seed"]
 
 
-def request_config(server: PolicyConfig, custom_params: Mapping[str, Any] | None) -> PolicyConfig:
-    """The config one request runs with: the server's, changed by its ``custom_params``.
+def validate_request(server: PolicyConfig, custom_params: Mapping[str, Any] | None) -> tuple[PolicyConfig, int | None]:
+    """The config one request runs with (the server's, changed by its ``custom_params``)
+    and its explicit ``kv_seed`` (None when not given).
 
-    Raises ``PolicyConfigError`` (an HTTP 400 for the client) for a bad field.
+    Raises ``PolicyConfigError`` (an HTTP 400 for the client) for a bad or unknown
+    ``kv_*`` field. Other keys are left alone: custom logit processors read them.
     """
     if not custom_params:
-        return server
+        return server, None
     if not isinstance(custom_params, Mapping):
         raise PolicyConfigError("custom_params", custom_params, "must be a JSON object")
     changes: dict[str, Any] = {}
+    seed = None
     for key, value in custom_params.items():
+        if key == VALIDATED_KEY:
+            continue
         if key == "kv_recent":
-            raise PolicyConfigError("kv_recent", value, f"cannot be set per request; the server runs with --kv-recent {server.recent}")
-        if key in REQUEST_FIELDS:
+            raise PolicyConfigError("kv_recent", value,
+                                    f"cannot be set per request; the server runs with --kv-recent {server.recent}")
+        if key == "kv_seed":
+            seed = _checked_seed("kv_seed", value)
+        elif key in REQUEST_FIELDS:
             changes[REQUEST_FIELDS[key]] = value
+        elif isinstance(key, str) and key.startswith("kv_"):
+            close = difflib.get_close_matches(key, REQUEST_KEYS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise PolicyConfigError(key, value, f"unknown request field; {hint}fields: {', '.join(REQUEST_KEYS)}")
     if not changes:
-        return server
+        return server, seed
     policy = changes.get("policy", server.policy)
     if policy not in POLICY_NAMES:
         raise PolicyConfigError("kv_policy", policy, f"must be one of {', '.join(POLICY_NAMES)}")
     if policy != "none" and not server.evicts:
-        raise PolicyConfigError("kv_policy", policy, "the server runs with --kv-policy none; start it with an evicting policy")
+        raise PolicyConfigError("kv_policy", policy,
+                                "the server runs with --kv-policy none; start it with an evicting policy")
     budget = changes.get("budget", server.budget)
     if isinstance(budget, int) and not isinstance(budget, bool) and budget > server.budget:
         raise PolicyConfigError("kv_budget", budget, f"must be <= the server's --kv-budget {server.budget}")
@@ -160,5 +216,53 @@ def request_config(server: PolicyConfig, custom_params: Mapping[str, Any] | None
         raise PolicyConfigError(field, exc.value, exc.allowed) from None
     if POLICIES[cfg.policy].needs_queries and not POLICIES[server.policy].needs_queries:
         raise PolicyConfigError("kv_policy", policy, f"needs attention queries, which the server's --kv-policy "
-                                f"{server.policy} does not capture; use one of vase-dkv, curdkv, streamingllm, random, none")
-    return cfg
+                                f"{server.policy} does not capture; "
+                                "use one of vase-dkv, curdkv, streamingllm, random, none")
+    return cfg, seed
+
+
+def request_config(server: PolicyConfig, custom_params: Mapping[str, Any] | None) -> PolicyConfig:
+    """The config one request runs with; see ``validate_request``."""
+    return validate_request(server, custom_params)[0]
+
+
+def stamp_validated(custom_params: dict[str, Any], cfg: PolicyConfig, seed: int | None) -> None:
+    """Record the validated options in the request's ``custom_params`` for the scheduler."""
+    custom_params[VALIDATED_KEY] = {"config": cfg.to_dict(), "seed": seed}
+
+
+def identity_seed(rid: str, sampling_seed: int | None = None) -> int:
+    """A request's own eviction seed: from its sampling seed when given (so a seeded
+    request is reproducible), else from its id (so concurrent requests draw independent noise)."""
+    if sampling_seed is not None:
+        return mix_seed(sampling_seed, _SEED_STREAM)
+    return int.from_bytes(hashlib.blake2b(str(rid).encode(), digest_size=8).digest(), "little") & _MAX_SEED
+
+
+@functools.lru_cache(maxsize=256)
+def _stamped_config(text: str) -> PolicyConfig:
+    return PolicyConfig.from_json(text)
+
+
+def resolve_request(server: PolicyConfig, server_seed: int | None, custom_params: Mapping[str, Any] | None,
+                    rid: str, sampling_seed: int | None = None) -> RequestOptions:
+    """The scheduler's view of a request: the options the tokenizer process validated.
+
+    The seed is the request's ``kv_seed``, else the server's ``--kv-seed``, else
+    ``identity_seed``. ``kv_*`` fields without the validation stamp mean a request
+    reached the scheduler without passing ``SamplingParams.verify``: that is a bug in
+    the glue, so it raises rather than run the request with a policy it did not ask for.
+    """
+    custom = custom_params if isinstance(custom_params, Mapping) else {}
+    stamp = custom.get(VALIDATED_KEY)
+    if stamp is None:
+        unvalidated = sorted(k for k in custom if isinstance(k, str) and k.startswith("kv_"))
+        if unvalidated:
+            raise RuntimeError(f"request {rid}: custom_params fields {unvalidated} reached the scheduler without "
+                               "validation (SamplingParams.verify was not hooked)")
+        cfg, seed = server, None
+    else:
+        cfg, seed = _stamped_config(json.dumps(stamp["config"], sort_keys=True)), stamp["seed"]
+    if seed is None:
+        seed = server_seed if server_seed is not None else identity_seed(rid, sampling_seed)
+    return RequestOptions(cfg, seed)

@@ -17,8 +17,9 @@ The order matters: the next round's smoothing sees neighbours in storage order
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 import torch
 
@@ -91,7 +92,7 @@ class Regions:
         seeds: Sequence[int] | None = None,
         rounds: Sequence[int] | None = None,
         shuffle_slots: torch.Generator | None = None,
-    ) -> "Regions":
+    ) -> Regions:
         """Pack dense ``[n_req, n_layers, H, L, D]`` K/V into a token-indexed buffer.
 
         Slot 0 stays unused (SGLang's padding slot). With ``shuffle_slots``, regions get
@@ -150,7 +151,7 @@ class Policy:
     def noise(self, regions: Regions, shape: torch.Size) -> torch.Tensor:
         """Exp(1) noise, independent per (request, round, layer, head, candidate)."""
         per_req = []
-        for seed, rnd in zip(regions.seeds, regions.rounds):
+        for seed, rnd in zip(regions.seeds, regions.rounds, strict=True):
             g = self._generator(regions.device, seed, rnd, _NOISE_STREAM)
             e = torch.empty(shape[1:], dtype=torch.float32, device=regions.device).exponential_(generator=g)
             per_req.append(e.clamp_min_(torch.finfo(torch.float32).tiny))
@@ -160,14 +161,16 @@ class Policy:
         cfg = self.config
         if regions.slots.shape[1] != cfg.region_size:
             raise ValueError(
-                f"{self.name}: region has {regions.slots.shape[1]} positions, expected budget + recent = {cfg.region_size}"
+                f"{self.name}: region has {regions.slots.shape[1]} positions, "
+                f"expected budget + recent = {cfg.region_size}"
             )
         if self.needs_queries:
             q = regions.queries
             if q is None:
                 raise ValueError(f"{self.name} needs the window queries")
             if q.shape[0] != regions.n_req or q.shape[1] != regions.n_layers or q.shape[3] != cfg.recent:
-                raise ValueError(f"{self.name}: queries must be [n_req, n_layers, Hq, recent={cfg.recent}, D], got {tuple(q.shape)}")
+                raise ValueError(f"{self.name}: queries must be [n_req, n_layers, Hq, recent={cfg.recent}, D], "
+                                 f"got {tuple(q.shape)}")
 
     def select(self, regions: Regions) -> torch.Tensor:
         """``[n_req, n_layers, H, budget]`` region positions to keep, in storage order."""
@@ -187,6 +190,8 @@ class Policy:
 
     def window_attention(self, regions: Regions) -> torch.Tensor:
         cfg = self.config
+        if regions.queries is None:
+            raise ValueError(f"{self.name} needs the window queries")
         return ops.window_attention_score(
             regions.queries, regions.k_buf, regions.candidates(cfg.recent),
             cfg.temperature, cfg.smoothing_kernel, backend=self.backend,
@@ -237,7 +242,7 @@ class CurDKV(Policy):
     def sketch(self, regions: Regions) -> torch.Tensor:
         d, rank = regions.k_buf.shape[-1], self.config.sketch_rank
         out = []
-        for seed, rnd in zip(regions.seeds, regions.rounds):
+        for seed, rnd in zip(regions.seeds, regions.rounds, strict=True):
             parts = (seed, rnd, _SKETCH_STREAM) if self.resample_sketch else (seed, _SKETCH_STREAM)
             g = self._generator(regions.device, *parts)
             out.append(torch.randn((regions.n_layers, d, rank), generator=g, device=regions.device) / math.sqrt(rank))
@@ -245,7 +250,8 @@ class CurDKV(Policy):
 
     def score(self, regions: Regions) -> Scores:
         cand = regions.candidates(self.config.recent)
-        return Scores(fill=ops.cur_score(regions.k_buf, regions.v_buf, cand, self.sketch(regions), backend=self.backend))
+        return Scores(fill=ops.cur_score(regions.k_buf, regions.v_buf, cand, self.sketch(regions),
+                                         backend=self.backend))
 
 
 class VaSEDKV(CurDKV):

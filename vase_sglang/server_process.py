@@ -80,6 +80,8 @@ class ServerProcess:
     def wait_healthy(self, deadline: float) -> None:
         import requests
 
+        if self.proc is None:
+            raise ServerError(f"{self.name} server was never launched")
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerError(f"{self.name} server exited with status {self.proc.returncode} at start-up; "
@@ -112,22 +114,24 @@ class ServerProcess:
 
     def terminate(self) -> None:
         """Sends SIGTERM to the server's process group (see wait_stopped)."""
-        if self.proc is not None and (self.proc.poll() is None or group_alive(self.pgid)):
+        pgid = self.pgid
+        if self.proc is not None and pgid is not None and (self.proc.poll() is None or group_alive(pgid)):
             try:
-                os.killpg(self.pgid, signal.SIGTERM)
+                os.killpg(pgid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
 
     def wait_stopped(self, timeout: float = 30.0) -> None:
         """Waits for the whole group to exit, then SIGKILLs what is left."""
-        if self.proc is None:
+        pgid = self.pgid
+        if self.proc is None or pgid is None:
             return
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and (self.proc.poll() is None or group_alive(self.pgid)):
+        while time.monotonic() < deadline and (self.proc.poll() is None or group_alive(pgid)):
             time.sleep(0.2)
-        if group_alive(self.pgid):
+        if group_alive(pgid):
             try:
-                os.killpg(self.pgid, signal.SIGKILL)
+                os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         try:
@@ -135,7 +139,7 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             pass
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and group_alive(self.pgid):
+        while time.monotonic() < deadline and group_alive(pgid):
             time.sleep(0.2)
 
     def stop(self) -> None:

@@ -10,12 +10,13 @@ machine without a GPU it times the torch path only, at reduced shapes, and says 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import torch
 
@@ -75,6 +76,23 @@ def _reference_fits(n_req: int, cfg: PolicyConfig, layers: int, q_heads: int, li
     return n_req * layers * q_heads * cfg.recent * cfg.budget * 4 * 3 < limit_bytes
 
 
+def _cases(cfg: PolicyConfig, regions: Regions, sketch: torch.Tensor, score: torch.Tensor, noise: torch.Tensor,
+           keep: torch.Tensor) -> dict[str, Callable[[str], object]]:
+    """Each op on one batch of regions, as a function of the backend name."""
+    cand = regions.candidates(cfg.recent)
+    n_fill = cfg.keep_candidates - cfg.sinks - cfg.large
+    queries = regions.queries
+    assert queries is not None  # _regions always builds them
+    return {
+        "value_stat": lambda b: ops.value_stat(regions.v_buf, cand, "range", backend=b),
+        "window_attention": lambda b: ops.window_attention_score(queries, regions.k_buf, cand, backend=b),
+        "cur_score": lambda b: ops.cur_score(regions.k_buf, regions.v_buf, cand, sketch, backend=b),
+        "select": lambda b: ops.select(score, cfg.sinks, cfg.large, n_fill, score, noise, backend=b),
+        "compact": lambda b: ops.compact(regions.k_buf, regions.v_buf, regions.slots, keep, backend=b),
+        "vase_round": lambda b: make_policy(cfg, backend=b).select(regions),
+    }
+
+
 def bench(args: argparse.Namespace) -> list[Row]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.type == "cuda"
@@ -85,28 +103,18 @@ def bench(args: argparse.Namespace) -> list[Row]:
         cfg = PolicyConfig(budget=budget, recent=args.recent)
         for n_req in args.requests:
             regions = _regions(n_req, cfg, args.layers, args.q_heads, args.kv_heads, args.head_dim, dtype, device)
-            cand = regions.candidates(cfg.recent)
             score = torch.rand((n_req, args.layers, args.kv_heads, budget), device=device)
             noise = torch.empty_like(score).exponential_()
-            n_fill = cfg.keep_candidates - cfg.sinks - cfg.large
             keep = make_policy(cfg, backend="torch" if not on_gpu else "triton").select(regions)
             sketch = torch.randn((n_req, args.layers, args.head_dim, cfg.sketch_rank), device=device)
-            cases: dict[str, Callable[[str], object]] = {
-                "value_stat": lambda b: ops.value_stat(regions.v_buf, cand, "range", backend=b),
-                "window_attention": lambda b: ops.window_attention_score(regions.queries, regions.k_buf, cand, backend=b),
-                "cur_score": lambda b: ops.cur_score(regions.k_buf, regions.v_buf, cand, sketch, backend=b),
-                "select": lambda b: ops.select(score, cfg.sinks, cfg.large, n_fill, score, noise, backend=b),
-                "compact": lambda b: ops.compact(regions.k_buf, regions.v_buf, regions.slots, keep, backend=b),
-                "vase_round": lambda b: make_policy(cfg, backend=b).select(regions),
-            }
             fits = _reference_fits(n_req, cfg, args.layers, args.q_heads, limit)
-            for name, fn in cases.items():
+            for name, fn in _cases(cfg, regions, sketch, score, noise, keep).items():
                 heavy = name in ("window_attention", "vase_round")
-                t_ms = _time(lambda: fn("torch"), device, args.repeat) if (fits or not heavy) else None
-                k_ms = _time(lambda: fn("triton"), device, args.repeat) if on_gpu else None
+                t_ms = _time(functools.partial(fn, "torch"), device, args.repeat) if (fits or not heavy) else None
+                k_ms = _time(functools.partial(fn, "triton"), device, args.repeat) if on_gpu else None
                 rows.append(Row(name, n_req, budget, t_ms, k_ms))
                 print(_format(rows[-1]), flush=True)
-            del regions, keep
+            del regions, keep  # free the buffers before the next, larger batch
             if on_gpu:
                 torch.cuda.empty_cache()
     return rows
@@ -153,7 +161,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if torch.cuda.is_available():
-        print(f"# GPU: {torch.cuda.get_device_name(0)}; Triton vs torch reference, same run; ratio = torch_ms / triton_ms")
+        print(f"# GPU: {torch.cuda.get_device_name(0)}; Triton vs torch reference, same run; "
+              "ratio = torch_ms / triton_ms")
     else:
         print("# No GPU: timing the torch reference path only, at reduced shapes "
               f"(layers={args.layers}, q_heads={args.q_heads}, kv_heads={args.kv_heads}, head_dim={args.head_dim}). "

@@ -58,8 +58,8 @@ def outlier_shares(ranges: list[torch.Tensor], factor: float) -> dict:
 
 def chain_sequences(tok, problems: int) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, answer ids) of held-out chain problems, answers written by the task."""
-    from vase_sglang.model import chat_prompt
-    from vase_sglang.tasks.chain import HELD_OUT_SEED, ChainTask
+    from vase_sglang.bundled.model import chat_prompt
+    from vase_sglang.bundled.tasks.chain import HELD_OUT_SEED, ChainTask
 
     task = ChainTask()
     out = []
@@ -78,7 +78,7 @@ def fidelity_sequences(tok, results: Path) -> list[tuple[list[int], list[int]]]:
     data = json.loads(results.read_text())
     refs = data["references"]["greedy"]["tokens"]
     prompts = chat_ids(tok, PROMPTS[: len(refs)])
-    return list(zip(prompts, refs))
+    return list(zip(prompts, refs, strict=True))
 
 
 def measure(model_path: Path, problems: int, factor: float, fidelity_results: Path | None = None) -> dict:
@@ -90,9 +90,11 @@ def measure(model_path: Path, problems: int, factor: float, fidelity_results: Pa
     every, generated = None, None
     for prompt, answer in seqs:
         ranges = value_ranges(model, torch.tensor(list(prompt) + list(answer)))
-        every = ranges if every is None else [torch.cat([a, b]) for a, b in zip(every, ranges)]
+        every = ranges if every is None else [torch.cat([a, b]) for a, b in zip(every, ranges, strict=True)]
         gen = [r[len(prompt):] for r in ranges]
-        generated = gen if generated is None else [torch.cat([a, b]) for a, b in zip(generated, gen)]
+        generated = gen if generated is None else [torch.cat([a, b]) for a, b in zip(generated, gen, strict=True)]
+    if every is None or generated is None:
+        raise ValueError("no sequences to measure")
     return {"model": str(model_path), "sequences": len(seqs),
             "text": f"fidelity references of {fidelity_results}" if fidelity_results else "held-out chain problems",
             "factor": factor,
@@ -100,7 +102,7 @@ def measure(model_path: Path, problems: int, factor: float, fidelity_results: Pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vase_sglang.model import bundled_model_path
+    from vase_sglang.bundled.model import bundled_model_path
 
     ap = argparse.ArgumentParser(prog="python -m vase_sglang.bench.outliers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--suite", default="chain", choices=("chain", "aime", "math500", "gsm8k"),
                       help="chain: the generated task the bundled model was trained on (default); aime, math500, "
                            "gsm8k: a local JSONL file given with --data, graded with math-verify")
-    what.add_argument("--data", type=Path, default=None, help="JSONL file of the benchmark (needed for aime/math500/gsm8k)")
+    what.add_argument("--data", type=Path, default=None,
+                      help="JSONL file of the benchmark (needed for aime/math500/gsm8k)")
     what.add_argument("--limit", type=positive_int, default=None, help="use only the first N problems of --data")
     what.add_argument("--problems", type=positive_int, default=32, help="chain suite: held-out problems (default: 32)")
     what.add_argument("--chain-steps", type=positive_int, default=125,
@@ -74,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "4x compression of the chain suite); each must be a multiple of --recent")
     what.add_argument("--recent", type=positive_int, default=64, help="recent window R (default: 64)")
     samp = ap.add_argument_group("sampling")
-    samp.add_argument("--k", type=positive_int, default=4, help="samples per problem, seeds --seed..--seed+k-1 (default: 4)")
+    samp.add_argument("--k", type=positive_int, default=4,
+                      help="samples per problem, seeds --seed..--seed+k-1 (default: 4)")
     samp.add_argument("--seed", type=int, default=0, help="first sample seed, for the sampler and kv_seed (default: 0)")
     samp.add_argument("--temperature", type=float, default=0.6, help="sampling temperature; 0 = greedy (default: 0.6)")
     samp.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (default: 0.95)")
@@ -82,8 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="generation limit (default: chain answer length + 64 for chain, 32768 otherwise)")
     srv = ap.add_argument_group("server")
     srv.add_argument("--server", default=None, metavar="URL",
-                     help="use this running server (every arm through per-request custom_params; start it with an "
-                          "evicting policy such as vase and --kv-budget >= the largest budget); default: launch servers")
+                     help="use this running server (every arm through per-request custom_params; start it with "
+                          "an evicting policy such as vase and --kv-budget >= the largest budget); "
+                          "default: launch servers")
     srv.add_argument("--shared-server", action="store_true",
                      help="launch one server (vase, largest budget) for all arms instead of one per policy and budget")
     srv.add_argument("--model-path", default=None, help="model to launch (default: the bundled chain-qwen3)")
@@ -91,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="auto: CUDA when torch sees a GPU, else SGLang's CPU engine (default: auto)")
     srv.add_argument("--server-args", default="", help="extra sglang.launch_server flags, one quoted string")
     srv.add_argument("--concurrency", type=positive_int, default=16, help="requests in flight (default: 16)")
-    srv.add_argument("--startup-timeout", type=positive_int, default=600, help="seconds for a server to start (default: 600)")
+    srv.add_argument("--startup-timeout", type=positive_int, default=600,
+                     help="seconds for a server to start (default: 600)")
     out = ap.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None, help="output folder (default: a new temporary folder)")
     out.add_argument("--save-outputs", action="store_true", help="also write every output text to samples.jsonl")
@@ -149,11 +153,11 @@ def _on_sigterm(signum, frame):  # so the finally blocks stop the servers
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
+    from vase_sglang.bundled.tasks.chain import ChainTask
     from vase_sglang.eval.report import markdown_table, summarize, write_plot
     from vase_sglang.eval.runner import EvalError, Sampling, run_arm, served_model
     from vase_sglang.eval.suites import SuiteError
     from vase_sglang.server_process import ServerError, ServerProcess
-    from vase_sglang.tasks.chain import ChainTask
 
     try:
         problems = _problems(args)
@@ -168,14 +172,16 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     arms = _arms(args)
     model_path = args.model_path
     if args.server is None and model_path is None:
-        from vase_sglang.model import bundled_model_path
+        from vase_sglang.bundled.model import bundled_model_path
 
         model_path = str(bundled_model_path())
-    device = None if args.server else _device(args.device)
+    device = "" if args.server else _device(args.device)  # no device: the running server has one
+    if args.server:
+        where = f"server {args.server}"
+    else:
+        where = ("one shared server" if args.shared_server else "one server per arm") + f" on {device}"
     print(f"{PROG}: {len(problems)} {args.suite} problems x {args.k} samples, {len(arms)} arms "
-          f"({', '.join(a.label for a in arms)}); "
-          f"{'server ' + args.server if args.server else ('one shared server' if args.shared_server else 'one server per arm') + ' on ' + device}; "
-          f"output in {out}", flush=True)
+          f"({', '.join(a.label for a in arms)}); {where}; output in {out}", flush=True)
     results, all_samples, started = [], [], time.monotonic()
     server = None
     workdir = Path(tempfile.mkdtemp(prefix="vase-eval-work-"))
@@ -187,6 +193,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                     if server is not None:
                         server.stop()
                     name = "shared" if args.shared_server else arm.label.replace("@", "-")
+                    assert model_path is not None  # set above when no --server
                     server = ServerProcess(name, model_path, _server_flags(arm, args, args.shared_server), device,
                                            out / f"server-{name}.log", workdir)
                     server.launch()

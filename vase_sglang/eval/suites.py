@@ -1,7 +1,7 @@
 """Problem suites: the generated chain task, and real benchmarks from local JSONL files.
 
 A suite is a list of ``Problem``: an id, the user message, the gold answer as text, and a
-grader. The chain task is graded exactly (``vase_sglang.tasks.chain.grade``). AIME,
+grader. The chain task is graded exactly (``vase_sglang.bundled.tasks.chain.grade``). AIME,
 MATH-500 and GSM8K are graded with HF ``math-verify`` on the text after ``</think>``
 (the whole output when the model never closed it), the usual practice for Qwen3.
 
@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vase_sglang.tasks.chain import HELD_OUT_SEED, ChainTask, grade as grade_chain
+from vase_sglang.bundled.tasks.chain import HELD_OUT_SEED, ChainTask
+from vase_sglang.bundled.tasks.chain import grade as grade_chain
 
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 BENCHMARKS = ("aime", "math500", "gsm8k")

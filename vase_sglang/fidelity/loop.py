@@ -18,6 +18,7 @@ Works for Llama-architecture models (SmolLM2) and Qwen3 (the bundled model: q/k 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -72,15 +73,17 @@ class BatchedDecoder:
     """Runs arms over one prefilled batch; every arm sees the same prompt K/V."""
 
     def __init__(self, model: torch.nn.Module):
-        self.model = model.eval()
-        mc = model.config
+        # HF modules resolve their submodules (model.layers, self_attn.q_proj, ...) at run
+        # time, so they are typed Any here rather than torch's Tensor | Module.
+        self.model: Any = model.eval()
+        mc: Any = model.config
         self.n_layers = mc.num_hidden_layers
         self.hq, self.hkv = mc.num_attention_heads, mc.num_key_value_heads
         self.head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
         self.prompt: PromptCache | None = None
 
     # ---- projections --------------------------------------------------------------
-    def _qkv(self, layer: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def _qkv(self, layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """``x [N, T, hidden]`` -> post-RoPE q ``[N, Hq, T, D]``, k and v ``[N, Hkv, T, D]``."""
         attn = layer.self_attn
         n, t, _ = x.shape
@@ -93,7 +96,7 @@ class BatchedDecoder:
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         return q, k, v
 
-    def _layer_out(self, layer: torch.nn.Module, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+    def _layer_out(self, layer: Any, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         n, _, t, _ = attn_out.shape
         h = h + layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(n, t, -1))
         return h + layer.mlp(layer.post_attention_layernorm(h))

@@ -51,7 +51,7 @@ class PositionMetrics:
         self.match = np.full(shape, np.nan, dtype=np.float64)
 
     @torch.no_grad()
-    def update(self, start: int, full: "FullChunk", logits: torch.Tensor, targets: torch.Tensor) -> None:
+    def update(self, start: int, full: FullChunk, logits: torch.Tensor, targets: torch.Tensor) -> None:
         """Positions ``start .. start + T - 1`` (0-based): logits ``[N, T, V]``, targets ``[N, T]``."""
         lp = torch.log_softmax(logits.float(), dim=-1)
         # KL(p||q) = sum p log p - sum p log q; the first term is computed once per chunk.
@@ -63,7 +63,7 @@ class PositionMetrics:
         self.nll[:, sl] = (-lp.gather(-1, targets[..., None])[..., 0]).double().numpy()
         self.match[:, sl] = (top == targets).double().numpy()
 
-    def copy_from(self, other: "PositionMetrics", end: int) -> None:
+    def copy_from(self, other: PositionMetrics, end: int) -> None:
         """Positions ``< end`` (0-based) from another arm (one that computed the same thing)."""
         for key in ("kl", "agree", "nll", "match"):
             getattr(self, key)[:, :end] = getattr(other, key)[:, :end]

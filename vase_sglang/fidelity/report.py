@@ -7,7 +7,6 @@ import statistics
 from pathlib import Path
 
 
-
 def load_results(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
@@ -60,7 +59,7 @@ def markdown(results: dict) -> str:
                 continue
             bands = list(rows[0]["band_kl"])
 
-            def first(r: dict) -> str:
+            def first(r: dict, teacher: str = teacher) -> str:
                 # Only a greedy teacher is the full cache's own free-running output.
                 return _mean_sd(r["first"], ".0f") if teacher == "greedy" else "n/a"
 
@@ -93,7 +92,7 @@ def plot(results: dict, path: Path) -> None:
     if not per_budget:
         return
     fig, axes = plt.subplots(1, len(per_budget), figsize=(5.5 * len(per_budget), 4.2), squeeze=False, sharey=True)
-    for ax, (budget, arms) in zip(axes[0], per_budget.items()):
+    for ax, (budget, arms) in zip(axes[0], per_budget.items(), strict=True):
         for config, group in _arms_by_config(arms).items():
             if group[0].get("spec") and group[0]["spec"]["group"] != "sweep":
                 continue

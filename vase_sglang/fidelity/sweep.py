@@ -46,7 +46,7 @@ class ArmSpec:
 
     def build(self, recent: int) -> Policy:
         base = "vase" if self.policy in PILOT_POLICIES else self.policy
-        cfg = PolicyConfig(policy=base, budget=self.budget, recent=recent, seed=self.seed, n_large=self.n_large)
+        cfg = PolicyConfig(policy=base, budget=self.budget, recent=recent, n_large=self.n_large)
         cls = PILOT_POLICIES.get(self.policy) or POLICIES[self.policy]
         return cls(cfg, backend="torch")
 
@@ -97,7 +97,6 @@ def teacher_forced(decoder: BatchedDecoder, reference: torch.Tensor, specs: list
             logits = decoder.feed(arm, chunk)[:, : targets.shape[1]]
             metrics.update(c + 1, full_chunk, logits, targets)
         if progress:
-            done = (c + recent) / t
             el = time.monotonic() - start
             log.info("  %4d/%d tokens, %d arms running, %.0f s elapsed", c + recent, t, len(running), el)
     if pending:

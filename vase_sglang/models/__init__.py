@@ -9,7 +9,7 @@ distribution's file list.
 
 ``fetch("smollm2")`` converts it once into an HF folder (fp32 safetensors, tokenizer, chat
 template) under the cache directory and checks the result; later calls reuse the folder.
-The bundled ``chain-qwen3`` model lives next to this module as package data.
+The bundled ``chain-qwen3`` model is package data of ``vase_sglang.bundled``.
 """
 
 from __future__ import annotations
@@ -142,7 +142,8 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
     try:
         import gguf  # noqa: F401 - transformers needs it; say so plainly if missing
     except ImportError:
-        raise ModelFetchError("converting a GGUF model needs the `gguf` package: pip install 'vase-sglang[models]'") from None
+        raise ModelFetchError("converting a GGUF model needs the `gguf` package: "
+                              "pip install 'vase-sglang[models]'") from None
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -196,7 +197,7 @@ def check_model(path: Path, spec: GGUFModel | None = None, generate_tokens: int 
     new = out[0, ids.shape[1]:]
     if new.numel() == 0:
         raise ModelFetchError(f"{path}: the model generated nothing")
-    return tokenizer.decode(new, skip_special_tokens=True)
+    return str(tokenizer.decode(new, skip_special_tokens=True))
 
 
 def fetch(name: str, root: Path | None = None, force: bool = False, install: bool = True) -> Path:

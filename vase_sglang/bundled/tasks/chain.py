@@ -5,7 +5,7 @@ Step ``i`` adds the previous result and one chosen at random at least ``lookback
 back (hundreds of tokens earlier in the chain), modulo ``modulus``. The answer is the
 last value, so it depends on every step: a solver that has forgotten one old result
 gets it wrong. Everything is seeded and exact. The text is made of whole words, one
-token each in the bundled model's vocabulary (``vase_sglang.model``)::
+token each in the bundled model's vocabulary (``vase_sglang.bundled.model``)::
 
     prompt:  "vars R0 3 R1 7 R2 0 R3 5 R4 1 R5 8 R6 6 R7 2 solve"
     chain:   "S8 R7 2 T8 R1 7 R8 9 S9 R8 9 T9 R0 3 R9 2 ..."

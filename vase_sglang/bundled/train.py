@@ -1,6 +1,6 @@
 """Train the bundled reasoning model on the chain task, on CPU.
 
-    python -m vase_sglang.train --out vase_sglang/models/chain-qwen3
+    python -m vase_sglang.bundled.train --out vase_sglang/bundled/chain-qwen3
 
 Deterministic from ``--seed`` (data, init and order; same thread count). Phase 1: a
 curriculum grows the chain length from a few steps to ``--max-chain-steps`` over the
@@ -28,8 +28,8 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
-from vase_sglang.model import build_tokenizer, chat_prompt, model_config
-from vase_sglang.tasks.chain import HELD_OUT_SEED, ChainProblem, ChainTask, grade
+from vase_sglang.bundled.model import build_tokenizer, chat_prompt, model_config
+from vase_sglang.bundled.tasks.chain import HELD_OUT_SEED, ChainProblem, ChainTask, grade
 
 
 @dataclass(frozen=True)
@@ -92,19 +92,20 @@ def greedy_accuracy(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast,
         chunk = problems[start:start + batch_size]
         ids = torch.tensor([tokenizer(chat_prompt(tokenizer, p.prompt), add_special_tokens=False)["input_ids"]
                             for p in chunk])
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+        out = model.generate(input_ids=ids,  # type: ignore[misc]  # transformers' self-typed generate attention_mask=torch.ones_like(ids), do_sample=False,
                              max_new_tokens=len(tokenizer(chunk[0].completion)["input_ids"]) + 8,
                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
         texts = tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
-        right += sum(grade(t, p.answer) for t, p in zip(texts, chunk))
+        right += sum(grade(t, p.answer) for t, p in zip(texts, chunk, strict=True))
     model.train()
     return right / len(problems)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m vase_sglang.train", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m vase_sglang.bundled.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path("chain-qwen3"), help="output model folder (default: ./chain-qwen3)")
+    ap.add_argument("--out", type=Path, default=Path("chain-qwen3"),
+                    help="output model folder (default: ./chain-qwen3)")
     ap.add_argument("--seed", type=int, default=0, help="seed for init, data and order (default: 0)")
     ap.add_argument("--steps", type=int, default=3000, help="optimizer steps (default: 3000)")
     ap.add_argument("--batch-tokens", type=int, default=8192, help="tokens per optimizer step (default: 8192)")
@@ -112,7 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=100, help="warm-up steps (default: 100)")
     ap.add_argument("--weight-decay", type=float, default=0.05, help="AdamW weight decay (default: 0.05)")
     ap.add_argument("--min-chain-steps", type=int, default=12, help="longest chain at the start (default: 12)")
-    ap.add_argument("--max-chain-steps", type=int, default=150, help="longest chain after the curriculum (default: 150)")
+    ap.add_argument("--max-chain-steps", type=int, default=150,
+                    help="longest chain after the curriculum (default: 150)")
     ap.add_argument("--curriculum", type=float, default=0.3,
                     help="share of training over which chains grow to --max-chain-steps (default: 0.3)")
     ap.add_argument("--final-steps", type=int, default=300,
@@ -123,7 +125,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
     ap.add_argument("--eval-every", type=int, default=200, help="teacher-forced held-out check interval (default: 200)")
     ap.add_argument("--eval-problems", type=int, default=64,
-                    help="held-out problems (default task: 125 steps, 1,004 tokens) decoded greedily at the end (default: 64)")
+                    help="held-out problems (default task: 125 steps, 1,004 tokens) decoded greedily at the end "
+                         "(default: 64)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--intermediate", type=int, default=768)
@@ -185,7 +188,7 @@ def train(args: argparse.Namespace) -> dict:
         model = Qwen3ForCausalLM.from_pretrained(args.init_from, dtype=torch.float32)
     else:
         model = Qwen3ForCausalLM(model_config(tokenizer, layers=args.layers, hidden=args.hidden,
-                                              intermediate=args.intermediate)).to(torch.float32)
+                                              intermediate=args.intermediate)).to(torch.float32)  # type: ignore[arg-type]
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f} M parameters, {n_params * 4 / 2**20:.1f} MiB in float32", flush=True)
     eval_task = ChainTask()
@@ -249,7 +252,9 @@ def _previous_run(args: argparse.Namespace) -> dict:
     if args.init_from is None:
         return {}
     record = json.loads((args.init_from / "training.json").read_text())
-    log = (args.init_from / "train_log.jsonl").read_text().splitlines(keepends=True)
+    # The shipped chain-qwen3 keeps its log outside the package (results/chain-training).
+    log_path = args.init_from / "train_log.jsonl"
+    log = log_path.read_text().splitlines(keepends=True) if log_path.is_file() else []
     return {"log": log, "steps": record["steps"], "tokens": record["tokens"],
             "train_seconds": record["train_seconds"], "args": record["args"]}
 

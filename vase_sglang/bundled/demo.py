@@ -1,6 +1,6 @@
 """A short demo of eviction on real tensors, no server needed.
 
-    python -m vase_sglang.demo --policy vase --budget 128 --recent 32 --tokens 1000
+    python -m vase_sglang.bundled.demo --policy vase --budget 128 --recent 32 --tokens 1000
 
 It streams ``--tokens`` generated tokens of random K/V/Q through one request's region
 (``layers x kv_heads`` heads), runs a round whenever the region holds budget + recent
@@ -16,13 +16,13 @@ import time
 
 import torch
 
-from .config import POLICY_NAMES, PolicyConfig, PolicyConfigError
-from .kernels import ops
-from .policies import Regions, make_policy
+from ..config import POLICY_NAMES, PolicyConfig, PolicyConfigError
+from ..kernels import ops
+from ..policies import Regions, make_policy
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vase_sglang.demo", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m vase_sglang.bundled.demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policy", default="vase", choices=[n for n in POLICY_NAMES if n != "none"])
     p.add_argument("--budget", type=int, default=128)
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        cfg = PolicyConfig(policy=args.policy, budget=args.budget, recent=args.recent, seed=args.seed)
+        cfg = PolicyConfig(policy=args.policy, budget=args.budget, recent=args.recent)
     except PolicyConfigError as exc:
         p.error(str(exc))
     policy = make_policy(cfg)
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         token_ids[:, :, length] = t
         length += 1
         if length == size:
-            regions = Regions(k_buf, v_buf, slots, seeds=[cfg.seed], rounds=[rounds], queries=qring)
+            regions = Regions(k_buf, v_buf, slots, seeds=[args.seed], rounds=[rounds], queries=qring)
             keep = policy.select(regions)
             ops.compact(k_buf, v_buf, slots, keep)
             token_ids[..., : cfg.budget] = torch.gather(token_ids, -1, keep[0])

@@ -1,7 +1,7 @@
 """The bundled reasoning model: a small Qwen3 (GQA, RoPE) and its word-level tokenizer.
 
-``vase_sglang.train`` trains it on the chain task (``vase_sglang.tasks.chain``) and writes
-weights, tokenizer and chat template into one folder that SGLang and HF transformers load
+``vase_sglang.bundled.train`` trains it on the chain task (``vase_sglang.bundled.tasks.chain``)
+and writes weights, tokenizer and chat template into one folder that SGLang and HF transformers load
 as is. The trained folder ships inside the package (``bundled_model_path()``), so
 ``scripts/serve.sh`` serves it with no download.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3Config
 
-from vase_sglang.tasks.chain import MAX_MODULUS, MAX_NAMES
+from vase_sglang.bundled.tasks.chain import MAX_MODULUS, MAX_NAMES
 
 BUNDLED_NAME = "chain-qwen3"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
@@ -33,7 +33,7 @@ CHAT_TEMPLATE = (
 
 def bundled_model_path() -> Path:
     """The trained model folder that ships with the package."""
-    return Path(__file__).resolve().parent / "models" / BUNDLED_NAME
+    return Path(__file__).resolve().parent / BUNDLED_NAME
 
 
 def vocabulary() -> list[str]:
@@ -59,17 +59,22 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 def model_config(tokenizer: PreTrainedTokenizerFast, layers: int = 4, hidden: int = 256,
                  intermediate: int = 768, heads: int = 4, kv_heads: int = 2) -> Qwen3Config:
-    return Qwen3Config(
+    pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert isinstance(pad_id, int)
+    # transformers takes rope_theta / torch_dtype through **kwargs (its stubs do not list them).
+    return Qwen3Config(  # type: ignore[call-arg]
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         head_dim=hidden // heads, max_position_embeddings=4096, rope_theta=10_000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=False, torch_dtype="float32", use_sliding_window=False, sliding_window=None,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        pad_token_id=pad_id,
         bos_token_id=None,
     )
 
 
 def chat_prompt(tokenizer: PreTrainedTokenizerFast, prompt: str) -> str:
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                          add_generation_prompt=True)
+    assert isinstance(text, str)  # tokenize=False returns the rendered text
+    return text

@@ -2,9 +2,9 @@
 
 Deterministic from the seed; loadable by SGLang and HF transformers. float32 weights,
 so served with ``--dtype float32`` its logits can be compared with a reference loop.
-The tests build it for exact comparisons (the bundled trained model is ``vase_sglang.model``).
+The tests build it for exact comparisons (the bundled trained model is ``vase_sglang.bundled.model``).
 
-    python -m vase_sglang.tiny_model OUT_DIR
+    python -m vase_sglang.bundled.tiny_model OUT_DIR
 """
 
 from __future__ import annotations
@@ -52,15 +52,18 @@ def build_tiny_qwen3(out: Path, seed: int = 1234, vocab: int = 512) -> Path:
     fast.chat_template = CHAT_TEMPLATE
     fast.model_max_length = 4096
     fast.save_pretrained(out)
-    cfg = Qwen3Config(
+    pad_id = fast.convert_tokens_to_ids("<|endoftext|>")
+    assert isinstance(pad_id, int)
+    # transformers takes rope_theta / torch_dtype through **kwargs (its stubs do not list them).
+    cfg = Qwen3Config(  # type: ignore[call-arg]
         vocab_size=len(fast), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
         rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, torch_dtype="float32",
-        eos_token_id=fast.convert_tokens_to_ids("<|im_end|>"), pad_token_id=fast.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=fast.convert_tokens_to_ids("<|im_end|>"), pad_token_id=pad_id,
         use_sliding_window=False, sliding_window=None,
     )
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg).to(torch.float32)
+    model = Qwen3ForCausalLM(cfg).to(torch.float32)  # type: ignore[arg-type]  # transformers' typed .to
     with torch.no_grad():  # larger than the default init, so outputs depend on the prompt
         for p in model.parameters():
             if p.dim() >= 2:
@@ -73,5 +76,5 @@ def build_tiny_qwen3(out: Path, seed: int = 1234, vocab: int = 512) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m vase_sglang.tiny_model OUT_DIR")
+        sys.exit("usage: python -m vase_sglang.bundled.tiny_model OUT_DIR")
     print(build_tiny_qwen3(Path(sys.argv[1])))

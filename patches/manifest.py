@@ -1,0 +1,189 @@
+"""Every SGLang target vase-sglang touches, listed once, with the contract we rely on.
+
+The hook decorator only accepts targets listed here (with the same kind), the plugin
+checks each target it applies against its entry at start-up, and
+``tests/test_manifest.py`` checks all of them offline against the pinned SGLang, so a
+version bump that renames a target or changes a signature fails with the target's name
+instead of serving wrong results.
+
+``params`` is the full parameter list of the target as SGLang 0.5.23 defines it: the
+hooks read arguments by these names and positions. ``source_sha256`` pins the upstream
+source of a target whose logic we re-implement rather than call (see ``why``): when it
+changes upstream, our copy must be re-read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import pkgutil
+from dataclasses import dataclass
+from typing import Any
+
+SGLANG_VERSION = "0.5.23"
+
+BEFORE, AFTER, AROUND, REPLACE = "before", "after", "around", "replace"
+SET = "set"  # an attribute or registry entry we assign (no HookRegistry)
+CALL = "call"  # a function we call directly
+KINDS = (BEFORE, AFTER, AROUND, REPLACE, SET, CALL)
+
+
+@dataclass(frozen=True)
+class Target:
+    target: str
+    kind: str
+    process: str  # "main" (HTTP/tokenizer) or "scheduler"
+    why: str
+    params: tuple[str, ...] | None = None  # None: not a function (see ``expect``)
+    expect: str | None = None  # for SET targets: "class", "int" or "dict"
+    source_sha256: str | None = None
+    cuda_only: bool = False  # applied only where CUDA exists (the module may need a GPU stack)
+
+
+MANIFEST: tuple[Target, ...] = (
+    # ---- main process: flags, validation, HTTP -------------------------------------------
+    Target("sglang.srt.arg_groups.arg_utils.add_cli_args_from_dataclass", AFTER, "main",
+           "add the --kv-* flags to SGLang's parser (shown in --help, choices checked by argparse)",
+           ("parser", "cls", "fields")),
+    Target("sglang.srt.server_args.prepare_server_args", AROUND, "main",
+           "build the PolicyConfig from the flags, export it to the children, turn off the overlap scheduler",
+           ("argv",)),
+    Target("sglang.srt.arg_groups.validation_hook.check_server_args", AFTER, "main",
+           "reject server options the eviction path cannot run with, on the resolved values",
+           ("server_args",)),
+    Target("sglang.srt.sampling.sampling_params.SamplingParams.verify", AFTER, "main",
+           "validate custom_params kv_* fields once (ValueError -> HTTP 400) and stamp the result",
+           ("self", "vocab_size")),
+    Target("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", AROUND, "main",
+           "our meta_info values are scalars, not per-token lists",
+           ("self", "meta_info", "state", "customized_info", "index", "finish_reason")),
+    Target("sglang.srt.entrypoints.http_server.launch_server", BEFORE, "main",
+           "add GET /kv_policy to the app",
+           ("server_args", "init_tokenizer_manager_func", "run_scheduler_process_func",
+            "run_detokenizer_process_func", "execute_warmup_func", "launch_callback")),
+    Target("sglang.srt.entrypoints.engine.Engine.server_args_class", SET, "main",
+           "sglang.Engine(kv_policy=...): a factory that takes the kv_* keyword arguments",
+           expect="class"),
+    # ---- scheduler: memory -----------------------------------------------------------------
+    Target("sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._create_buffers_normal", AROUND, "scheduler",
+           "carve every layer's K/V out of one allocation so the kernels see [layers, slots, heads, dim]; "
+           "re-implements the allocation (same shapes and strides), so its source is pinned",
+           ("self",),
+           source_sha256="979426bbd40e8a889f1007dd27b1a68774451252f952efddb627bea9a8f421ab"),
+    Target("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes", AROUND,
+           "scheduler", "subtract the query ring from the bytes the KV pool may use",
+           ("self", "pre_model_load_memory")),
+    Target("sglang.srt.model_executor.model_runner.ModelRunner._init_post_memory_pool_components", AFTER,
+           "scheduler", "build the VaseScheduler over the pools and check the model", ("self",)),
+    # ---- scheduler: decode step ------------------------------------------------------------
+    Target("sglang.srt.mem_cache.allocation.ALLOC_FOR_DECODE_FUNCS", SET, "scheduler",
+           "our decode allocator for 'cpu' and 'cuda': rounds run before the step's allocation", expect="dict"),
+    Target("sglang.srt.mem_cache.allocation.alloc_for_decode_default", CALL, "scheduler",
+           "the default decode allocation, called after the rounds", ("batch", "token_per_req")),
+    Target("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", AFTER, "scheduler",
+           "decode positions += delta: RoPE positions stay logical",
+           ("cls", "batch", "model_runner", "capture_hidden_mode", "return_hidden_states_before_norm",
+            "extend_position_info", "spec_mrope_positions", "kv_loc_plan", "write_cols")),
+    Target("sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_decode", AROUND,
+           "scheduler", "record each layer's post-RoPE decode query in the ring",
+           ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache")),
+    Target("sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_decode", AROUND, "scheduler",
+           "record each layer's post-RoPE decode query in the ring",
+           ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache", "sinks", "score_mod", "aux_tensors"),
+           cuda_only=True),
+    Target("sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend.forward_decode", AROUND,
+           "scheduler", "record each layer's post-RoPE decode query in the ring",
+           ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache"), cuda_only=True),
+    # ---- scheduler: radix tree -------------------------------------------------------------
+    Target("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint", BEFORE, "scheduler",
+           "never publish a compacted part of a row to the tree (invariant I2)", ("self", "req", "up_to", "kwargs")),
+    Target("sglang.srt.mem_cache.radix_cache.RadixCache.checkpoint", BEFORE, "scheduler",
+           "never publish a compacted part of a row to the tree (invariant I2)", ("self", "req", "up_to")),
+    # ---- scheduler: admission --------------------------------------------------------------
+    Target("sglang.srt.managers.schedule_policy.CLIP_MAX_NEW_TOKENS", SET, "scheduler",
+           "new requests reserve prompt + min(max_new_tokens, B + R)", expect="int"),
+    Target("sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset", AROUND,
+           "scheduler", "a running evicting request can grow by at most what its region has left; "
+           "replaces SGLang's estimate for those requests, so its source is pinned", ("self", "req"),
+           source_sha256="64fd33f1c3fee43bd659c89c36274155636d11725fa896aac1fc58c3483c5275"),
+    Target("sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens", AROUND, "scheduler",
+           "an evicting request's output does not live in the pool: only the context length bounds it",
+           ("self", "req")),
+    Target("sglang.srt.mem_cache.allocator.base.BaseTokenToKVPoolAllocator.max_new_tokens_for_memory", AROUND,
+           "scheduler", "an evicting request needs prompt + B + R slots, not prompt + max_new_tokens",
+           ("self", "input_tokens", "max_new_tokens", "token_capacity", "sliding_window_size", "chunk_size")),
+    # ---- scheduler: output -----------------------------------------------------------------
+    Target("sglang.srt.managers.scheduler.Scheduler.get_output_streamer_class", REPLACE, "scheduler",
+           "send kv_region_len, kv_evicted_tokens and kv_eviction_rounds with every output "
+           "(a subclass of SGLang's streamer, not a copy)", ("self",)),
+    Target("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
+           ".get_internal_state", AFTER, "scheduler", "live totals for GET /kv_policy", ("self", "recv_req")),
+)
+
+BY_TARGET: dict[str, Target] = {t.target: t for t in MANIFEST}
+
+
+class ContractError(Exception):
+    """A target no longer matches its manifest entry. The message starts with the target."""
+
+
+def resolve(target: str) -> Any:
+    """The object at a dotted ``module.attr[.attr]`` path, unwrapping class/static methods."""
+    module_path, _, attr = target.rpartition(".")
+    owner = pkgutil.resolve_name(module_path)
+    # The class's own __dict__ keeps classmethod/staticmethod objects; getattr covers
+    # inherited attributes and raises AttributeError for a missing one.
+    raw = owner.__dict__[attr] if attr in getattr(owner, "__dict__", {}) else getattr(owner, attr)
+    return getattr(raw, "__func__", raw)
+
+
+def _unwrapped(obj: Any) -> Any:
+    # Our own hooks wrap the target (functools.wraps sets __wrapped__): check SGLang's function.
+    while hasattr(obj, "__wrapped__"):
+        obj = obj.__wrapped__
+    return obj
+
+
+def source_digest(obj: Any) -> str:
+    return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()
+
+
+def check(entry: Target) -> None:
+    """Raise ContractError if ``entry.target`` is missing or no longer has the expected shape."""
+    try:
+        obj = _unwrapped(resolve(entry.target))
+    except Exception as exc:  # noqa: BLE001 - any import or lookup failure breaks the contract
+        raise ContractError(f"{entry.target}: cannot be resolved ({type(exc).__name__}: {exc})") from None
+    if entry.expect is not None:
+        ok = {"class": isinstance(obj, type) or callable(obj), "int": isinstance(obj, int),
+              "dict": isinstance(obj, dict)}[entry.expect]
+        if not ok:
+            raise ContractError(f"{entry.target}: expected a {entry.expect}, found {type(obj).__name__}")
+        return
+    if entry.params is not None:
+        try:
+            params = tuple(inspect.signature(obj).parameters)
+        except (TypeError, ValueError) as exc:
+            raise ContractError(f"{entry.target}: no signature ({exc})") from None
+        if params != entry.params:
+            raise ContractError(f"{entry.target}: parameters are {params}, the hooks expect {entry.params}")
+    if entry.source_sha256 is not None:
+        digest = source_digest(obj)
+        if digest != entry.source_sha256:
+            raise ContractError(f"{entry.target}: upstream source changed (sha256 {digest[:12]}..., pinned "
+                                f"{entry.source_sha256[:12]}...); re-read it against our re-implementation")
+
+
+def check_all(process: str | None = None, include_cuda_only: bool = True) -> list[str]:
+    """Problems with every entry (of one process), one line each; empty when all hold."""
+    problems = []
+    for entry in MANIFEST:
+        if process is not None and entry.process != process:
+            continue
+        if entry.cuda_only and not include_cuda_only:
+            continue
+        try:
+            check(entry)
+        except ContractError as exc:
+            problems.append(str(exc))
+    return problems

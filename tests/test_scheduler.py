@@ -1,0 +1,270 @@
+"""The VaseScheduler adapter, without SGLang: fake requests, batch, pool and allocator that
+have only the attributes the adapter reads (the ones listed in patches/manifest.py)."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+
+from vase_sglang.config import PolicyConfig
+from vase_sglang.kernels import reference
+from vase_sglang.options import identity_seed, stamp_validated, validate_request
+from vase_sglang.policies import Regions, make_policy
+from vase_sglang.scheduler import VaseScheduler, stacked_view
+
+CFG = PolicyConfig(policy="vase", budget=16, recent=4, sinks=2)
+LAYERS, HEADS, DIM, Q_HEADS = 3, 2, 8, 4
+
+
+@dataclass
+class FakeKV:
+    req_pool_idx: int
+    kv_committed_len: int
+    kv_allocated_len: int
+
+
+@dataclass
+class FakeParams:
+    custom_params: dict[str, Any] | None = None
+    sampling_seed: int | None = None
+    max_new_tokens: int = 1000
+
+
+class FakeReq:
+    def __init__(self, rid: str, row: int, prompt: int, custom: dict[str, Any] | None = None,
+                 sampling_seed: int | None = None):
+        if custom:  # what SamplingParams.verify leaves for the scheduler
+            cfg, seed = validate_request(CFG, custom)
+            stamp_validated(custom, cfg, seed)
+        self.rid = rid
+        self.sampling_params = FakeParams(custom, sampling_seed)
+        self.kv = FakeKV(row, prompt, prompt)
+        self.output_ids: list[int] = []
+
+
+class FakePool:
+    def __init__(self, rows: int, cols: int):
+        self.size = rows - 1
+        self.req_to_token = torch.arange(rows * cols, dtype=torch.int32).reshape(rows, cols) + 1
+        self.req_generation = torch.ones(rows, dtype=torch.int64)
+
+
+@dataclass
+class FakeAllocator:
+    freed: list[torch.Tensor] = field(default_factory=list)
+
+    def free(self, slots: torch.Tensor) -> None:
+        self.freed.append(slots.clone())
+
+
+class FakeBatch:
+    def __init__(self, reqs: list[FakeReq]):
+        self.reqs = reqs
+        lens = torch.tensor([r.kv.kv_committed_len for r in reqs])
+        self.seq_lens, self.seq_lens_cpu, self.orig_seq_lens = lens.clone(), lens.clone(), lens.clone()
+        self.seq_lens_sum: int | None = int(lens.sum())
+        self.token_to_kv_pool_allocator = FakeAllocator()
+
+
+def _scheduler(rows: int = 4, cols: int = 40, server_seed: int | None = None, cfg: PolicyConfig = CFG) -> VaseScheduler:
+    pool = FakePool(rows, cols)
+    fused = torch.randn((LAYERS, 2, rows * cols + 1, HEADS, DIM))
+    k = stacked_view([fused[i, 0] for i in range(LAYERS)])
+    v = stacked_view([fused[i, 1] for i in range(LAYERS)])
+    return VaseScheduler(cfg, server_seed, k, v, pool, Q_HEADS, capture_queries=True, backend="torch")
+
+
+def _decode_until_round(sched: VaseScheduler, reqs: list[FakeReq]) -> FakeBatch:
+    """Grow every request's region token by token until it is full, then run the step with the round."""
+    batch = FakeBatch(reqs)
+    sched.before_decode_alloc(batch)  # starts the regions
+    for req in reqs:
+        req.kv.kv_committed_len += CFG.region_size
+        req.kv.kv_allocated_len = req.kv.kv_committed_len
+    batch = FakeBatch(reqs)
+    sched.before_decode_alloc(batch)
+    return batch
+
+
+def test_stacked_view_aliases_the_layers() -> None:
+    fused = torch.randn((3, 2, 50, 2, 8))
+    k = stacked_view([fused[i, 0] for i in range(3)])
+    assert k.shape == (3, 50, 2, 8)
+    k[2, 7, 1, 3] = 123.0
+    assert fused[2, 0, 7, 1, 3] == 123.0
+
+
+def test_stacked_view_refuses_separate_allocations() -> None:
+    with pytest.raises(RuntimeError, match="one allocation"):
+        stacked_view([torch.zeros(4, 2, 8), torch.zeros(4, 2, 8)])
+
+
+def test_round_compacts_frees_the_tail_and_shortens_the_row() -> None:
+    sched = _scheduler()
+    lo, row = 5, 2
+    req = FakeReq("a", row, lo, {"kv_seed": 3})
+    batch = FakeBatch([req])
+    sched.before_decode_alloc(batch)
+    st = sched.state(req)
+    assert (st.row, st.lo, st.options.seed) == (row, lo, 3)
+    # Decode queries land at ring slot (column - lo) % R.
+    for col in range(lo, lo + CFG.region_size):
+        sched.record_queries(0, torch.tensor([row]), torch.tensor([col + 1]), torch.full((1, Q_HEADS * DIM),
+                                                                                         float(col)))
+    ring = sched.qbuf[row, 0, 0, :, 0]
+    assert sorted(ring.tolist()) == [float(lo + CFG.budget + i) for i in range(CFG.recent)]
+    region = sched.req_to_token_pool.req_to_token[row, lo : lo + CFG.region_size].long()
+    prompt = sched.req_to_token_pool.req_to_token[row, :lo].long()
+    before_k, before_v = sched.k_buf.clone(), sched.v_buf.clone()
+    queries = sched.qbuf[torch.tensor([row])].clone()
+
+    req.kv.kv_committed_len = req.kv.kv_allocated_len = lo + CFG.region_size
+    batch = FakeBatch([req])
+    sched.before_decode_alloc(batch)
+
+    assert (st.rounds, st.evicted, st.delta, st.compacted) == (1, CFG.recent, CFG.recent, True)
+    assert int(sched.delta_by_row[row]) == CFG.recent and sched.totals.rounds == 1
+    # The R tail slots are freed and the row ends at lo + B.
+    (freed,) = batch.token_to_kv_pool_allocator.freed
+    assert torch.equal(freed, region[CFG.budget :])
+    assert req.kv.kv_committed_len == req.kv.kv_allocated_len == lo + CFG.budget
+    assert batch.seq_lens.tolist() == batch.seq_lens_cpu.tolist() == [lo + CFG.budget] and batch.seq_lens_sum is None
+    assert torch.equal(sched.k_buf[:, prompt], before_k[:, prompt])  # the prompt's slots are never touched
+    # The kept data equals what the policy chose with the request's seed.
+    regions = Regions(before_k, before_v, region[None], seeds=[3], rounds=[0], queries=queries)
+    keep = make_policy(CFG, backend="torch").select(regions)
+    expect_k, expect_v = before_k.clone(), before_v.clone()
+    reference.compact(expect_k, expect_v, region[None], keep)
+    assert torch.equal(sched.k_buf, expect_k) and torch.equal(sched.v_buf, expect_v)
+    # Positions stay logical, the tree never takes a compacted column, growth is bounded by the region.
+    assert sched.logical_positions(torch.tensor([lo + CFG.budget]), torch.tensor([row])).item() == lo + CFG.region_size
+    assert sched.checkpoint_limit(req, lo + CFG.budget) == lo
+    assert sched.checkpoint_limit(req, lo) is None
+    assert sched.growth_bound(req) == CFG.recent
+    assert sched.counters(req)[1:] == (CFG.recent, 1)
+
+
+def test_reprefill_starts_a_new_region_and_keeps_the_counters() -> None:
+    sched = _scheduler()
+    req = FakeReq("a", 1, 5)
+    _decode_until_round(sched, [req])
+    st = sched.state(req)
+    assert st.rounds == 1 and int(sched.delta_by_row[1]) == CFG.recent
+    # Retracted and re-prefilled into another row with a longer prefix.
+    req.kv = FakeKV(3, 30, 30)
+    sched.before_decode_alloc(FakeBatch([req]))
+    assert (st.row, st.lo, st.delta, st.compacted, st.rounds, st.evicted) == (3, 30, 0, False, 1, CFG.recent)
+    assert int(sched.delta_by_row[3]) == 0 and int(sched.lo_by_row[3]) == 30
+
+
+def test_admission_region_is_set_only_while_admitting() -> None:
+    sched = _scheduler()
+    evicting, stock = FakeReq("a", 1, 5), FakeReq("b", 2, 5, {"kv_policy": "none"})
+    assert sched.admitting_region is None
+    with sched.admitting(evicting) as region:
+        assert region == sched.admitting_region == CFG.region_size
+    assert sched.admitting_region is None
+    with sched.admitting(stock) as region:
+        assert region is None
+    assert sched.growth_bound(evicting) is None  # not started: SGLang's own estimate
+
+
+def test_distinct_seeds_share_one_policy_object() -> None:
+    sched = _scheduler(rows=101, cols=30)
+    reqs = [FakeReq(f"r{i}", i + 1, 2, {"kv_seed": i}) for i in range(100)]
+    _decode_until_round(sched, reqs)
+    assert sched.policy_cache_size == 1 and sched.totals.rounds == 100
+    assert sorted(sched.state(r).options.seed for r in reqs) == list(range(100))
+
+
+def _kept_after_one_round(sched: VaseScheduler, reqs: list[FakeReq]) -> list[torch.Tensor]:
+    """The K data each request's region holds after one round, when all regions start equal."""
+    pool = sched.req_to_token_pool.req_to_token
+    lo = 2
+    src = pool[reqs[0].kv.req_pool_idx, lo : lo + CFG.region_size].long()
+    for r in reqs[1:]:
+        dst = pool[r.kv.req_pool_idx, lo : lo + CFG.region_size].long()
+        sched.k_buf[:, dst], sched.v_buf[:, dst] = sched.k_buf[:, src], sched.v_buf[:, src]
+    _decode_until_round(sched, reqs)
+    return [sched.k_buf[:, pool[r.kv.req_pool_idx, lo : lo + CFG.budget].long()].clone() for r in reqs]
+
+
+def test_requests_without_kv_seed_draw_independent_noise_and_kv_seed_reproduces() -> None:
+    torch.manual_seed(0)
+    sched = _scheduler()
+    a, b = FakeReq("rid-a", 1, 2), FakeReq("rid-b", 2, 2)
+    ka, kb = _kept_after_one_round(sched, [a, b])
+    assert sched.state(a).options.seed == identity_seed("rid-a") != sched.state(b).options.seed
+    assert not torch.equal(ka, kb), "two concurrent requests drew the same eviction noise"
+    # An explicit kv_seed reproduces a request's choice, whatever its id.
+    torch.manual_seed(0)
+    sched2 = _scheduler()
+    c, d = FakeReq("rid-c", 1, 2, {"kv_seed": sched.state(a).options.seed}), FakeReq("rid-d", 2, 2, {"kv_seed": 5})
+    kc, _ = _kept_after_one_round(sched2, [c, d])
+    assert torch.equal(kc, ka)
+
+
+def test_seed_precedence_request_then_server_then_identity() -> None:
+    sched = _scheduler(server_seed=11)
+    assert sched.state(FakeReq("x", 1, 2)).options.seed == 11
+    assert sched.state(FakeReq("y", 1, 2, {"kv_seed": 4})).options.seed == 4
+    free = _scheduler()
+    assert free.state(FakeReq("z", 1, 2, sampling_seed=9)).options.seed == identity_seed("z", 9) == identity_seed("w",
+                                                                                                                  9)
+
+
+def test_unvalidated_kv_fields_fail_loudly() -> None:
+    sched = _scheduler()
+    req = FakeReq("a", 1, 2)
+    req.sampling_params.custom_params = {"kv_budget": 8}  # no stamp: verify never ran
+    with pytest.raises(RuntimeError, match="without validation"):
+        sched.state(req)
+
+
+def test_request_state_goes_with_the_request() -> None:
+    sched = _scheduler()
+    req = FakeReq("a", 1, 2)
+    _decode_until_round(sched, [req])
+    assert sched.summary()["tracked_requests"] == 1
+    del req
+    gc.collect()
+    assert sched.summary()["tracked_requests"] == 0
+
+
+def test_round_statistics_stay_bounded_over_10000_rounds() -> None:
+    sched = _scheduler(cfg=PolicyConfig(policy="streamingllm", budget=16, recent=4, sinks=2))
+    req = FakeReq("a", 1, 2)
+    full = 2 + CFG.region_size
+
+    def rounds(n: int) -> None:
+        for _ in range(n):
+            req.kv.kv_committed_len = req.kv.kv_allocated_len = full
+            sched.before_decode_alloc(FakeBatch([req]))
+
+    sched.before_decode_alloc(FakeBatch([req]))  # the region starts after the 2-token prompt
+    rounds(100)  # warm every allocation path once
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    rounds(10_000)
+    gc.collect()
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    assert sched.totals.rounds == 10_100 and sched.state(req).rounds == 10_100
+    # A per-round leak leaves >= 1 live object per round (the old list of round latencies:
+    # 10,000 floats, ~320 KB). What survives here is a few hundred objects of torch's and
+    # the interpreter's own caching, independent of the number of rounds.
+    diffs = after.compare_to(before, "filename")
+    ours = [d for d in diffs if "vase_sglang" in d.traceback[0].filename or "/kernels/" in d.traceback[0].filename]
+    live = sum(d.count_diff for d in ours)
+    total = sum(d.size_diff for d in diffs)
+    assert live < 1_000, f"{live} objects allocated by vase_sglang survived 10,000 rounds: {ours[:5]}"
+    assert total < 128 * 1024, f"memory grew by {total} bytes over 10,000 rounds"
+    s = sched.summary()
+    assert s["batched_rounds"] == 10_100
+    assert 0 < s["round_latency_ms_p50"] <= s["round_latency_ms_p99"] <= s["round_latency_ms_max"]

@@ -1,0 +1,387 @@
+"""The eviction adapter: the one owner of per-request eviction state in a scheduler process.
+
+The hooks in ``vase_sglang.patches`` are one short call each into ``VaseScheduler``; no
+other module holds request state. It knows SGLang's request, batch and pool objects only
+by the few attributes it reads (listed in ``patches/manifest.py``); the policies below it
+know tensors only.
+
+Memory model (one request, one row of ``req_to_token``)::
+
+    columns [0, lo)            prompt / shared prefix: tree-owned, never written here
+    columns [lo, lo + B + R)   the request's region of generated tokens
+
+When the region is full (B + R), one round keeps B positions per (layer, KV head),
+moves them into columns [lo, lo + B) and frees the R tail slots. The row's slot indices
+never change; only the data inside the slots moves. RoPE positions stay logical:
+``delta`` (logical - physical) grows by R per round.
+
+What it holds:
+
+* the server's policy and one policy object per distinct ``PolicyConfig`` (the seed is
+  per request, not part of the config, so the cache stays small);
+* the KV buffers as ``[layers, slots, heads, dim]`` views and the query ring;
+* per request, weakly keyed by SGLang's ``Req`` so that a finished request's state goes
+  with it: its options (config + seed) and its region;
+* per row of ``req_to_token``: ``lo`` and ``delta`` as device tensors, which the forward
+  pass reads without a host sync (CUDA-graph safe);
+* bounded totals (a fixed-size latency histogram).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import metrics
+from .config import PolicyConfig
+from .kernels import ops
+from .options import RequestOptions, resolve_request
+from .policies import POLICIES, Policy, Regions, make_policy
+from .stats import LatencyHistogram
+
+logger = logging.getLogger("vase_sglang.scheduler")
+
+# Test oracle: digest the prompt's K/V bytes when a region starts and after each round.
+DEBUG_DIGEST = os.environ.get("VASE_SGLANG_DEBUG_DIGEST") == "1"
+
+
+@dataclass
+class RequestState:
+    """One request's eviction state; its region fields restart after a re-prefill."""
+
+    options: RequestOptions
+    row: int = -1  # row of req_to_token; -1 until the first decode step
+    generation: int = -1  # the row's allocation count when this region started
+    lo: int = 0  # first column of the region
+    rounds: int = 0  # rounds over the request's life: part of each round's seed
+    compacted: bool = False  # region data moved since ``lo`` was set
+    evicted: int = 0  # tokens evicted per (layer, KV head)
+    delta: int = 0  # logical position - physical column
+    region_len: int = 0  # physical KV length of the region, after this step's allocation
+    prefix_digests: list[str] = field(default_factory=list)  # debug oracle only
+
+    @property
+    def cfg(self) -> PolicyConfig:
+        return self.options.cfg
+
+    @property
+    def started(self) -> bool:
+        return self.row >= 0
+
+    def due(self, cache_len: int) -> bool:
+        return self.cfg.evicts and cache_len - self.lo >= self.cfg.region_size
+
+
+@dataclass
+class Totals:
+    """Server-lifetime totals, bounded in size however long the server runs."""
+
+    rounds: int = 0  # request-rounds
+    tokens_evicted: int = 0
+    round_latency: LatencyHistogram = field(default_factory=LatencyHistogram)  # one per batched round
+
+
+def stacked_view(layers: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``[n_layers, ...]`` view over per-layer buffers that live in one allocation.
+
+    Raises if the layers are not evenly spaced in one storage: then there is no view,
+    and a copy would make the in-place compaction write to the wrong memory.
+    """
+    first = layers[0]
+    if len(layers) == 1:
+        return first[None]
+    base = first.untyped_storage().data_ptr()
+    step = layers[1].data_ptr() - first.data_ptr()
+    for i, t in enumerate(layers):
+        if (
+            t.shape != first.shape
+            or t.stride() != first.stride()
+            or t.dtype != first.dtype
+            or t.untyped_storage().data_ptr() != base
+            or t.data_ptr() - first.data_ptr() != i * step
+        ):
+            raise RuntimeError("KV layers are not evenly spaced views of one allocation; cannot build a stacked view")
+    if step % first.element_size():
+        raise RuntimeError("KV layer spacing is not a whole number of elements")
+    return torch.as_strided(first, (len(layers), *first.shape), (step // first.element_size(), *first.stride()),
+                            first.storage_offset())
+
+
+def query_ring_bytes_per_request(cfg: PolicyConfig, n_layers: int, q_heads: int, head_dim: int,
+                                 dtype_bytes: int) -> int:
+    """Bytes of query ring one request slot needs (0 for policies that read no queries)."""
+    if not POLICIES[cfg.policy].needs_queries:
+        return 0
+    return n_layers * q_heads * cfg.recent * head_dim * dtype_bytes
+
+
+class VaseScheduler:
+    """Admission, rounds, positions, queries and the tree cap for one scheduler process."""
+
+    def __init__(
+        self,
+        server_cfg: PolicyConfig,
+        server_seed: int | None,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        req_to_token_pool: Any,
+        q_heads: int,
+        capture_queries: bool,
+        backend: str | None = None,
+    ):
+        self.server_cfg = server_cfg
+        self.server_seed = server_seed
+        self.k_buf, self.v_buf = k_buf, v_buf  # [n_layers, n_slots, kv_heads, head_dim]
+        self.n_layers, _, self.kv_heads, self.head_dim = k_buf.shape
+        self.q_heads = q_heads
+        self.device = k_buf.device
+        self.backend = backend
+        self.req_to_token_pool = req_to_token_pool
+        n_rows = req_to_token_pool.size + 1
+        # [rows, layers, Hq, R, D]: a round's queries are then one gather by row.
+        self.qbuf = (
+            torch.zeros((n_rows, self.n_layers, q_heads, server_cfg.recent, self.head_dim), dtype=k_buf.dtype,
+                        device=self.device)
+            if capture_queries
+            else None
+        )
+        self.lo_by_row = torch.zeros(n_rows, dtype=torch.int64, device=self.device)
+        self.delta_by_row = torch.zeros(n_rows, dtype=torch.int64, device=self.device)
+        self._policies: dict[PolicyConfig, Policy] = {}
+        self._requests: weakref.WeakKeyDictionary[Any, RequestState] = weakref.WeakKeyDictionary()
+        self._admitting_region: int | None = None
+        self.totals = Totals()
+
+    # ---- per-request state ------------------------------------------------------------
+    def state(self, req: Any) -> RequestState:
+        """The request's state, created from its validated options on first sight."""
+        st = self._requests.get(req)
+        if st is None:
+            params = req.sampling_params
+            options = resolve_request(self.server_cfg, self.server_seed, params.custom_params, rid=req.rid,
+                                      sampling_seed=getattr(params, "sampling_seed", None))
+            st = self._requests[req] = RequestState(options)
+        return st
+
+    def _started(self, req: Any) -> RequestState | None:
+        st = self._requests.get(req)
+        return st if st is not None and st.started else None
+
+    def policy(self, cfg: PolicyConfig) -> Policy:
+        if cfg not in self._policies:
+            self._policies[cfg] = make_policy(cfg, backend=self.backend)
+        return self._policies[cfg]
+
+    @property
+    def policy_cache_size(self) -> int:
+        return len(self._policies)
+
+    # ---- admission --------------------------------------------------------------------
+    @contextmanager
+    def admitting(self, req: Any) -> Iterator[int | None]:
+        """While SGLang sizes ``req``'s max_new_tokens: its region size, None if it does not evict."""
+        cfg = self.state(req).cfg
+        self._admitting_region = cfg.region_size if cfg.evicts else None
+        try:
+            yield self._admitting_region
+        finally:
+            self._admitting_region = None
+
+    @property
+    def admitting_region(self) -> int | None:
+        return self._admitting_region
+
+    def growth_bound(self, req: Any) -> int | None:
+        """Slots a running request can still grow by; None: SGLang's own estimate applies."""
+        st = self._started(req)
+        if st is None or not st.cfg.evicts:
+            return None
+        # The region never holds more than B + R: what is left to grow is bounded by that.
+        remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
+        room = st.cfg.region_size - (req.kv.kv_committed_len - st.lo)
+        return max(0, min(remaining, room))
+
+    # ---- decode step ------------------------------------------------------------------
+    def before_decode_alloc(self, batch: Any) -> None:
+        """Start regions of newly prefilled requests; run a round for each full region,
+        free its R tail slots and shorten its row (committed == allocated == seq_len)."""
+        due = []
+        for i, req in enumerate(batch.reqs):
+            st = self._begin_region(req)
+            if st.due(req.kv.kv_committed_len):
+                due.append((i, req, st))
+        if not due:
+            return
+        req_to_token = self.req_to_token_pool.req_to_token
+        self._run_rounds([(st, req_to_token[st.row, st.lo : st.lo + st.cfg.region_size]) for _, _, st in due])
+        if DEBUG_DIGEST:
+            for _, _, st in due:
+                st.prefix_digests.append(self._prefix_digest(st.row, st.lo))
+        self._shrink_rows(batch, due)
+
+    def after_decode_alloc(self, batch: Any) -> None:
+        states = []
+        for req in batch.reqs:
+            st = self._started(req)
+            if st is not None:
+                st.region_len = req.kv.kv_committed_len - st.lo
+                states.append(st)
+        metrics.observe_step([(st.cfg.region_size, st.region_len) for st in states if st.cfg.evicts])
+
+    def _begin_region(self, req: Any) -> RequestState:
+        """The request's state for its current row; a new region after a (re-)prefill."""
+        st = self.state(req)
+        row = int(req.kv.req_pool_idx)
+        generation = int(self.req_to_token_pool.req_generation[row])
+        if st.row == row and st.generation == generation:
+            return st
+        # First decode, or re-prefilled after a retraction: rounds and evicted go on, the
+        # region restarts after the new prefix and positions are physical again.
+        st.row, st.generation, st.lo = row, generation, int(req.kv.kv_committed_len)
+        st.compacted, st.delta, st.region_len = False, 0, 0
+        self.lo_by_row[row] = st.lo
+        self.delta_by_row[row] = 0
+        if self.qbuf is not None:
+            self.qbuf[row].zero_()
+        if DEBUG_DIGEST:
+            st.prefix_digests = [self._prefix_digest(row, st.lo)]
+        return st
+
+    def _run_rounds(self, items: Sequence[tuple[RequestState, torch.Tensor]]) -> None:
+        """One round for each ``(state, region_slots)``; afterwards each region's first B
+        slots hold the kept tokens, oldest first."""
+        t0 = time.perf_counter()
+        groups: dict[PolicyConfig, list[tuple[RequestState, torch.Tensor]]] = {}
+        for st, slots in items:
+            groups.setdefault(st.cfg, []).append((st, slots))
+        for cfg, group in groups.items():
+            policy = self.policy(cfg)
+            slots = torch.stack([s.long() for _, s in group])
+            rows = torch.tensor([st.row for st, _ in group], device=self.device)
+            queries = self.qbuf[rows] if (policy.needs_queries and self.qbuf is not None) else None
+            regions = Regions(self.k_buf, self.v_buf, slots, seeds=[st.options.seed for st, _ in group],
+                              rounds=[st.rounds for st, _ in group], queries=queries)
+            keep = policy.select(regions)
+            ops.compact(self.k_buf, self.v_buf, slots, keep, backend=self.backend)
+            for st, _ in group:
+                st.rounds += 1
+                st.compacted = True
+                st.evicted += cfg.recent
+                st.delta += cfg.recent
+                self.delta_by_row[st.row] += cfg.recent
+        if self.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()  # honest round latency; rounds are rare
+        seconds = time.perf_counter() - t0
+        tokens = sum(st.cfg.recent for st, _ in items)
+        self.totals.rounds += len(items)
+        self.totals.tokens_evicted += tokens
+        self.totals.round_latency.observe(seconds)
+        metrics.observe_rounds(len(items), tokens, seconds)
+
+    def _shrink_rows(self, batch: Any, due: list[tuple[int, Any, RequestState]]) -> None:
+        req_to_token = self.req_to_token_pool.req_to_token
+        seq_lens = batch.seq_lens.clone()
+        seq_lens_cpu = batch.seq_lens_cpu.clone()
+        orig = batch.orig_seq_lens.clone() if batch.orig_seq_lens is not None else None
+        for i, req, st in due:
+            new_len = st.lo + st.cfg.budget
+            tail = req_to_token[st.row, new_len : st.lo + st.cfg.region_size].to(torch.int64)
+            batch.token_to_kv_pool_allocator.free(tail)
+            req.kv.kv_committed_len = new_len
+            req.kv.kv_allocated_len = new_len
+            seq_lens[i] = new_len
+            seq_lens_cpu[i] = new_len
+            if orig is not None:
+                orig[i] = new_len
+        # New tensors, as prepare_for_decode does: nothing else holds the old ones by then.
+        batch.seq_lens, batch.seq_lens_cpu, batch.orig_seq_lens = seq_lens, seq_lens_cpu, orig
+        batch.seq_lens_sum = None
+
+    # ---- forward pass (no host syncs: safe inside a CUDA graph) -------------------------
+    def logical_positions(self, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Decode positions + delta: RoPE sees logical positions, the cache physical columns."""
+        return positions + self.delta_by_row[rows.long()].to(positions.dtype)
+
+    def record_queries(self, layer_id: int, rows: torch.Tensor, seq_lens: torch.Tensor, q: torch.Tensor) -> None:
+        """Store each row's decode query at ring slot ``(column - lo) % R``.
+
+        ``seq_lens`` are physical lengths including the token being decoded.
+        """
+        if self.qbuf is None:
+            return
+        rows = rows.long()
+        pos = (seq_lens.long() - 1 - self.lo_by_row[rows]).remainder(self.server_cfg.recent)
+        self.qbuf[rows, layer_id, :, pos] = q.reshape(rows.shape[0], self.q_heads, self.head_dim).to(self.qbuf.dtype)
+
+    # ---- radix tree -------------------------------------------------------------------
+    def checkpoint_limit(self, req: Any, up_to: int) -> int | None:
+        """The tree may take columns up to this (None: as asked). Columns past ``lo`` of a
+        compacted region hold another token's KV at each position (invariant I2)."""
+        st = self._started(req)
+        if st is not None and st.compacted and up_to > st.lo:
+            return st.lo
+        return None
+
+    # ---- reporting --------------------------------------------------------------------
+    def counters(self, req: Any) -> tuple[int, int, int]:
+        """(region length, tokens evicted, rounds) for the request's meta_info."""
+        st = self._started(req)
+        if st is None:
+            return (max(0, len(req.output_ids) - 1), 0, 0)
+        return (st.region_len, st.evicted, st.rounds)
+
+    def digests(self, req: Any) -> str:
+        st = self._requests.get(req)
+        return ",".join(st.prefix_digests) if st is not None else ""
+
+    def summary(self) -> dict[str, Any]:
+        """Live totals for ``GET /kv_policy``."""
+        t = self.totals
+        lat = t.round_latency
+
+        def ms(x: float | None) -> float | None:
+            return round(1e3 * x, 3) if x is not None else None
+
+        return {
+            "eviction_rounds": t.rounds,
+            "tokens_evicted": t.tokens_evicted,
+            "batched_rounds": lat.count,
+            "round_latency_ms_p50": ms(lat.quantile(0.5)),
+            "round_latency_ms_p99": ms(lat.quantile(0.99)),
+            "round_latency_ms_max": ms(lat.max_seconds) if lat.count else None,
+            # All rounds together, so a benchmark can state their share of the decode time.
+            "round_seconds_total": round(lat.total_seconds, 4),
+            "query_ring_bytes": int(self.qbuf.numel() * self.qbuf.element_size()) if self.qbuf is not None else 0,
+            "policy_cache_entries": len(self._policies),
+            "tracked_requests": len(self._requests),
+        }
+
+    def _prefix_digest(self, row: int, lo: int) -> str:
+        slots = self.req_to_token_pool.req_to_token[row, :lo].long()
+        h = hashlib.sha256()
+        for buf in (self.k_buf, self.v_buf):
+            h.update(buf[:, slots].contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()[:16]
+
+
+# One scheduler (one TP rank) per process: the hooks reach the adapter through here.
+_current: VaseScheduler | None = None
+
+
+def install(scheduler: VaseScheduler) -> None:
+    global _current
+    _current = scheduler
+
+
+def current() -> VaseScheduler | None:
+    """The process's adapter; None before the model runner built it, or with --kv-policy none."""
+    return _current
