@@ -28,20 +28,20 @@ def _move_kernel(
     TO_SCRATCH: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # One program: (request, local layer x head, block of kept positions).
-    r = tl.program_id(0)
-    lh = tl.program_id(1)
-    jb = tl.program_id(2)
+    r = tl.program_id(0).to(tl.int64)
+    lh = tl.program_id(1).to(tl.int64)
+    jb = tl.program_id(2).to(tl.int64)
     n_lh = tl.num_programs(1)
     local_layer = lh // n_heads
     h = lh % n_heads
     layer = layer0 + local_layer
     offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, BLOCK_D).to(tl.int64)
     mask_j = offs_j < B
     mask = mask_j[:, None] & (offs_d[None, :] < D)
     scratch = scratch_ptr + ((r * n_lh + lh) * B + offs_j[:, None]) * D + offs_d[None, :]
     if TO_SCRATCH:
-        pos = tl.load(keep_ptr + r * s_kr + layer * s_kl + h * s_kh + offs_j * s_kb, mask=mask_j, other=0)
+        pos = tl.load(keep_ptr + r * s_kr + layer * s_kl + h * s_kh + offs_j * s_kb, mask=mask_j, other=0).to(tl.int64)
         slot = tl.load(slots_ptr + r * s_sr + pos * s_sc, mask=mask_j, other=0).to(tl.int64)
         src = buf_ptr + layer * s_bl + slot[:, None] * s_bs + h * s_bh + offs_d[None, :] * s_bd
         tl.store(scratch, tl.load(src, mask=mask), mask=mask)

@@ -19,15 +19,15 @@ def _cur_kernel(
     s_gn, s_gl, s_gd, s_gk,
     BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    rl = tl.program_id(0)
-    h = tl.program_id(1)
-    cb = tl.program_id(2)
+    rl = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    cb = tl.program_id(2).to(tl.int64)
     n_heads = tl.num_programs(1)
     r = rl // n_layers
     layer = rl % n_layers
     offs_c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_k = tl.arange(0, BLOCK_K)
+    offs_d = tl.arange(0, BLOCK_D).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
     mask_c = offs_c < C
     mask_cd = mask_c[:, None] & (offs_d[None, :] < D)
     slot = tl.load(slots_ptr + r * s_sr + offs_c * s_sc, mask=mask_c, other=0).to(tl.int64)

@@ -42,7 +42,7 @@ def _select_kernel(
     C, n_sink, n_large, n_fill, n_out,
     HAS_RESERVE: tl.constexpr, HAS_NOISE: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     valid = offs < C
     eligible = valid & (offs >= n_sink)

@@ -20,14 +20,14 @@ def _value_stat_kernel(
     STAT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # One program: (request x layer, kv head, block of candidates).
-    rl = tl.program_id(0)
-    h = tl.program_id(1)
-    cb = tl.program_id(2)
+    rl = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    cb = tl.program_id(2).to(tl.int64)
     r = rl // n_layers
     layer = rl % n_layers
     n_heads = tl.num_programs(1)
     offs_c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, BLOCK_D).to(tl.int64)
     mask_c = offs_c < C
     mask_d = offs_d < D
     slot = tl.load(slots_ptr + r * s_sr + offs_c * s_sc, mask=mask_c, other=0).to(tl.int64)

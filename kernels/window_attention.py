@@ -22,10 +22,11 @@ from ._common import check_layout, pow2
 
 @triton.jit
 def _load_q(q_ptr, rl, hq, n_layers, R, D, s_qn, s_ql, s_qh, s_qr, s_qd, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    r = rl // n_layers
-    layer = rl % n_layers
-    offs_r = tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, BLOCK_D)
+    r = (rl // n_layers).to(tl.int64)
+    layer = (rl % n_layers).to(tl.int64)
+    hq = hq.to(tl.int64)
+    offs_r = tl.arange(0, BLOCK_R).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D).to(tl.int64)
     ptrs = q_ptr + r * s_qn + layer * s_ql + hq * s_qh + offs_r[:, None] * s_qr + offs_d[None, :] * s_qd
     mask = (offs_r[:, None] < R) & (offs_d[None, :] < D)
     return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
@@ -34,10 +35,12 @@ def _load_q(q_ptr, rl, hq, n_layers, R, D, s_qn, s_ql, s_qh, s_qr, s_qd, BLOCK_R
 @triton.jit
 def _logits(q, k_ptr, slots_ptr, rl, h_kv, offs_c, n_layers, C, D, scale,
             s_kl, s_ks, s_kh, s_kd, s_sr, s_sc, BLOCK_D: tl.constexpr):
-    r = rl // n_layers
-    layer = rl % n_layers
+    r = (rl // n_layers).to(tl.int64)
+    layer = (rl % n_layers).to(tl.int64)
+    h_kv = h_kv.to(tl.int64)
+    offs_c = offs_c.to(tl.int64)
     mask_c = offs_c < C
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, BLOCK_D).to(tl.int64)
     slot = tl.load(slots_ptr + r * s_sr + offs_c * s_sc, mask=mask_c, other=0).to(tl.int64)
     kp = k_ptr + layer * s_kl + slot[:, None] * s_ks + h_kv * s_kh + offs_d[None, :] * s_kd
     k = tl.load(kp, mask=mask_c[:, None] & (offs_d[None, :] < D), other=0.0).to(tl.float32)
@@ -54,8 +57,8 @@ def _window_lse(
     s_sr, s_sc,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    rl = tl.program_id(0)
-    hq = tl.program_id(1)
+    rl = tl.program_id(0).to(tl.int64)
+    hq = tl.program_id(1).to(tl.int64)
     n_hq = tl.num_programs(1)
     q = _load_q(q_ptr, rl, hq, n_layers, R, D, s_qn, s_ql, s_qh, s_qr, s_qd, BLOCK_R, BLOCK_D)
     m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
@@ -67,7 +70,7 @@ def _window_lse(
         m_new = tl.maximum(m, tl.max(logits, axis=1))
         denom = denom * tl.exp(m - m_new) + tl.sum(tl.exp(logits - m_new[:, None]), axis=1)
         m = m_new
-    offs_r = tl.arange(0, BLOCK_R)
+    offs_r = tl.arange(0, BLOCK_R).to(tl.int64)
     tl.store(lse_ptr + (rl * n_hq + hq) * R + offs_r, m + tl.log(denom), mask=offs_r < R)
 
 
@@ -80,12 +83,12 @@ def _window_probs(
     s_sr, s_sc,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    rl = tl.program_id(0)
-    hq = tl.program_id(1)
-    cb = tl.program_id(2)
+    rl = tl.program_id(0).to(tl.int64)
+    hq = tl.program_id(1).to(tl.int64)
+    cb = tl.program_id(2).to(tl.int64)
     n_hq = tl.num_programs(1)
     q = _load_q(q_ptr, rl, hq, n_layers, R, D, s_qn, s_ql, s_qh, s_qr, s_qd, BLOCK_R, BLOCK_D)
-    offs_r = tl.arange(0, BLOCK_R)
+    offs_r = tl.arange(0, BLOCK_R).to(tl.int64)
     lse = tl.load(lse_ptr + (rl * n_hq + hq) * R + offs_r, mask=offs_r < R, other=0.0)
     offs_c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     logits = _logits(q, k_ptr, slots_ptr, rl, hq // group, offs_c, n_layers, C, D, scale,
@@ -99,9 +102,9 @@ def _pool_group(
     probs_ptr, out_ptr, C, group,
     KERNEL: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    rl = tl.program_id(0)
-    h = tl.program_id(1)
-    cb = tl.program_id(2)
+    rl = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    cb = tl.program_id(2).to(tl.int64)
     n_hkv = tl.num_programs(1)
     offs_c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     acc = tl.zeros((BLOCK_C,), tl.float32)
