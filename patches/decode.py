@@ -69,8 +69,12 @@ BACKEND_TARGETS = {
 
 
 def backend_hooks() -> list[tuple[str, Any]]:
-    """Query-capture hooks: torch_native always, GPU backends only where CUDA exists."""
-    names = ["torch_native"] + (["triton", "flashinfer"] if torch.cuda.is_available() else [])
+    """Query-capture hooks on every supported backend, whatever the device: SGLang's triton
+    backend also runs on CPU (under TRITON_INTERPRET=1), and a backend without the hook
+    would score an all-zero query ring. flashinfer only where it is installed."""
+    import importlib.util
+
+    names = ["torch_native", "triton"] + (["flashinfer"] if importlib.util.find_spec("flashinfer") else [])
     return [(BACKEND_TARGETS[n], _capture_queries) for n in names]
 
 

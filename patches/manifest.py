@@ -37,7 +37,7 @@ class Target:
     params: tuple[str, ...] | None = None  # None: not a function (see ``expect``)
     expect: str | None = None  # for SET targets: "class", "int" or "dict"
     source_sha256: str | None = None
-    cuda_only: bool = False  # applied only where CUDA exists (the module may need a GPU stack)
+    needs: str | None = None  # applied only where this package is installed
 
 
 MANIFEST: tuple[Target, ...] = (
@@ -89,11 +89,10 @@ MANIFEST: tuple[Target, ...] = (
            ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache")),
     Target("sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_decode", AROUND, "scheduler",
            "record each layer's post-RoPE decode query in the ring",
-           ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache", "sinks", "score_mod", "aux_tensors"),
-           cuda_only=True),
+           ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache", "sinks", "score_mod", "aux_tensors")),
     Target("sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend.forward_decode", AROUND,
            "scheduler", "record each layer's post-RoPE decode query in the ring",
-           ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache"), cuda_only=True),
+           ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache"), needs="flashinfer"),
     # ---- scheduler: radix tree -------------------------------------------------------------
     Target("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint", BEFORE, "scheduler",
            "never publish a compacted part of a row to the tree (invariant I2)", ("self", "req", "up_to", "kwargs")),
@@ -174,13 +173,15 @@ def check(entry: Target) -> None:
                                 f"{entry.source_sha256[:12]}...); re-read it against our re-implementation")
 
 
-def check_all(process: str | None = None, include_cuda_only: bool = True) -> list[str]:
+def check_all(process: str | None = None) -> list[str]:
     """Problems with every entry (of one process), one line each; empty when all hold."""
+    import importlib.util
+
     problems = []
     for entry in MANIFEST:
         if process is not None and entry.process != process:
             continue
-        if entry.cuda_only and not include_cuda_only:
+        if entry.needs is not None and importlib.util.find_spec(entry.needs) is None:
             continue
         try:
             check(entry)

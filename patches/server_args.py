@@ -45,10 +45,49 @@ def _parse_flags(argv: list[str]) -> argparse.Namespace:
     return ns
 
 
+BACKEND_FIELDS = ("attention_backend", "decode_attention_backend", "prefill_attention_backend")
+
+
+def default_attention_backend(device: str | None, cuda_available: bool, has_flashinfer: bool) -> str | None:
+    """The backend to run with when the user named none; None leaves SGLang's choice.
+
+    SGLang's own default is fa3 on Hopper and trtllm_mha on Blackwell for MHA models,
+    which the eviction path does not hook: pick flashinfer where it imports, else triton
+    (and torch_native on CPU), instead of refusing to start.
+    """
+    device = device or ("cuda" if cuda_available else "cpu")
+    if device == "cpu":
+        return "torch_native"
+    if device == "cuda":
+        return "flashinfer" if has_flashinfer else "triton"
+    return None
+
+
+def choose_attention_backend(given: Any, cfg: PolicyConfig) -> str | None:
+    """For an evicting policy with no backend flag in ``given`` (server args, or a dict of
+    keyword arguments): the backend to set, logged; None when the user chose one."""
+    value = (given.get if isinstance(given, dict) else lambda n: getattr(given, n, None))
+    if not cfg.evicts or any(value(name) for name in BACKEND_FIELDS):
+        return None
+    import importlib.util
+
+    import torch
+
+    backend = default_attention_backend(value("device"), torch.cuda.is_available(),
+                                        importlib.util.find_spec("flashinfer") is not None)
+    if backend is not None:
+        logger.info("vase-sglang: --kv-policy %s runs with --attention-backend %s (none was given; SGLang's "
+                    "default may be one the eviction path does not support)", cfg.policy, backend)
+    return backend
+
+
 def _adjust_for_policy(server_args: Any, cfg: PolicyConfig) -> None:
     """Input changes v1 needs, made before resolution seals the record."""
     if not cfg.evicts:
         return
+    backend = choose_attention_backend(server_args, cfg)
+    if backend is not None:
+        server_args.attention_backend = backend
     if not getattr(server_args, "disable_overlap_schedule", False):
         # Rounds move KV data in the scheduler; the overlapped forward would still read it.
         server_args.disable_overlap_schedule = True

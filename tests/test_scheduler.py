@@ -149,6 +149,19 @@ def test_round_compacts_frees_the_tail_and_shortens_the_row() -> None:
     assert sched.counters(req)[1:] == (CFG.recent, 1)
 
 
+def test_a_round_with_an_empty_query_ring_is_counted() -> None:
+    sched = _scheduler()
+    req = FakeReq("a", 1, 2)
+    _decode_until_round(sched, [req])  # no record_queries: the backend was not hooked
+    assert sched.summary()["rounds_without_queries"] == 1
+    fed = FakeReq("b", 2, 2)
+    sched.before_decode_alloc(FakeBatch([fed]))
+    sched.record_queries(0, torch.tensor([2]), torch.tensor([3]), torch.ones((1, Q_HEADS * DIM)))
+    fed.kv.kv_committed_len = fed.kv.kv_allocated_len = 2 + CFG.region_size
+    sched.before_decode_alloc(FakeBatch([fed]))
+    assert sched.summary()["rounds_without_queries"] == 1 and sched.totals.rounds == 2
+
+
 def test_reprefill_starts_a_new_region_and_keeps_the_counters() -> None:
     sched = _scheduler()
     req = FakeReq("a", 1, 5)

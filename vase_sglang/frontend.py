@@ -28,7 +28,7 @@ RUNTIME_KWARGS = ("kv_policy", "kv_budget", "kv_recent", "kv_seed", "kv_policy_c
 def runtime_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Take the ``kv_*`` arguments out of ``kwargs``, export the policy, return the rest."""
     from .options import config_from_flags, export_config, seed_from_flag
-    from .patches.server_args import DEFAULT_MAX_RUNNING_REQUESTS
+    from .patches.server_args import DEFAULT_MAX_RUNNING_REQUESTS, choose_attention_backend
 
     flags = {name: kwargs.pop(name, None) for name in RUNTIME_KWARGS}
     cfg = config_from_flags(flags["kv_policy"] or "none", flags["kv_budget"], flags["kv_recent"],
@@ -39,6 +39,9 @@ def runtime_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
         # What the flags path does to ServerArgs, given here before Runtime builds them.
         kwargs.setdefault("disable_overlap_schedule", True)
         kwargs.setdefault("max_running_requests", DEFAULT_MAX_RUNNING_REQUESTS)
+        backend = choose_attention_backend(kwargs, cfg)
+        if backend is not None:
+            kwargs["attention_backend"] = backend
     return kwargs
 
 

@@ -87,6 +87,9 @@ class Totals:
 
     rounds: int = 0  # request-rounds
     tokens_evicted: int = 0
+    # Request-rounds of a query-reading policy whose ring held no query at all: the decode
+    # path of some attention backend was not hooked, so attention scored nothing.
+    rounds_without_queries: int = 0
     round_latency: LatencyHistogram = field(default_factory=LatencyHistogram)  # one per batched round
 
 
@@ -268,6 +271,8 @@ class VaseScheduler:
             slots = torch.stack([s.long() for _, s in group])
             rows = torch.tensor([st.row for st, _ in group], device=self.device)
             queries = self.qbuf[rows] if (policy.needs_queries and self.qbuf is not None) else None
+            if queries is not None:
+                self._check_queries(queries)
             regions = Regions(self.k_buf, self.v_buf, slots, seeds=[st.options.seed for st, _ in group],
                               rounds=[st.rounds for st, _ in group], queries=queries)
             keep = policy.select(regions)
@@ -286,6 +291,15 @@ class VaseScheduler:
         self.totals.tokens_evicted += tokens
         self.totals.round_latency.observe(seconds)
         metrics.observe_rounds(len(items), tokens, seconds)
+
+    def _check_queries(self, queries: torch.Tensor) -> None:
+        # One reduction over data the round reads anyway; rounds already synchronize.
+        empty = int((queries.flatten(1).abs().amax(dim=1) == 0).sum())
+        if empty:
+            if not self.totals.rounds_without_queries:
+                logger.warning("vase-sglang: %d request(s) reached an eviction round with an empty query ring: "
+                               "the attention backend's decode path records no queries", empty)
+            self.totals.rounds_without_queries += empty
 
     def _shrink_rows(self, batch: Any, due: list[tuple[int, Any, RequestState]]) -> None:
         req_to_token = self.req_to_token_pool.req_to_token
@@ -354,6 +368,7 @@ class VaseScheduler:
         return {
             "eviction_rounds": t.rounds,
             "tokens_evicted": t.tokens_evicted,
+            "rounds_without_queries": t.rounds_without_queries,
             "batched_rounds": lat.count,
             "round_latency_ms_p50": ms(lat.quantile(0.5)),
             "round_latency_ms_p99": ms(lat.quantile(0.99)),
