@@ -108,7 +108,8 @@ async def kv_policy_route() -> dict[str, Any]:
     if manager is not None:
         states = await manager.get_internal_state()
         per_rank = [s.get("vase", {}) for s in states]
-        live = {k: sum(r.get(k) or 0 for r in per_rank) for k in ("eviction_rounds", "tokens_evicted")}
+        counted = [r for r in per_rank if r.get("counted_in_totals", True)]  # one rank per TP group
+        live = {k: sum(r.get(k) or 0 for r in counted) for k in ("eviction_rounds", "tokens_evicted")}
         live["per_rank"] = per_rank
     return {"policy": cfg.policy, "config": cfg.to_dict(), "totals": live}
 

@@ -75,6 +75,8 @@ MANIFEST: tuple[Target, ...] = (
            ("self", "pre_model_load_memory")),
     Target("sglang.srt.model_executor.model_runner.ModelRunner._init_post_memory_pool_components", AFTER,
            "scheduler", "build the VaseScheduler over the pools and check the model", ("self",)),
+    Target("sglang.srt.runtime_context.get_parallel", CALL, "scheduler",
+           "attn_tp_size / attn_tp_rank: which query and KV heads this rank holds", ()),
     # ---- scheduler: decode step ------------------------------------------------------------
     Target("sglang.srt.mem_cache.allocation.ALLOC_FOR_DECODE_FUNCS", SET, "scheduler",
            "our decode allocator for 'cpu' and 'cuda': rounds run before the step's allocation", expect="dict"),

@@ -22,6 +22,7 @@ from vase_sglang import scheduler
 from vase_sglang.options import exported_config, exported_seed
 from vase_sglang.policies import POLICIES
 from vase_sglang.scheduler import VaseScheduler, query_ring_bytes_per_request, stacked_view
+from vase_sglang.sharding import head_shard
 
 from .hooks import AFTER, AROUND, fail, hook
 
@@ -99,11 +100,26 @@ def _build_runtime(result: Any, model_runner: Any, *args: Any, **kwargs: Any) ->
         fail(f"--kv-policy {cfg.policy} needs an NHD MHA KV pool ({type(pool).__name__}: {exc})")
     kv_heads, head_dim = k_buf.shape[2], k_buf.shape[3]
     mc = model_runner.model_config
-    q_heads = kv_heads * (mc.num_attention_heads // mc.get_total_num_kv_heads())
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()
+    try:
+        shard = head_shard(mc.num_attention_heads, mc.get_total_num_kv_heads(), parallel.attn_tp_size,
+                           parallel.attn_tp_rank)
+    except ValueError as exc:
+        fail(f"--kv-policy {cfg.policy}: {exc}")
+    if shard.kv_heads != kv_heads:
+        fail(f"--kv-policy {cfg.policy}: the KV pool holds {kv_heads} heads per layer, the sharding gives "
+             f"{shard.kv_heads} (attention TP {parallel.attn_tp_size})")
+    q_heads = shard.q_heads
     rows = model_runner.req_to_token_pool.size + 1
     capture = POLICIES[cfg.policy].needs_queries
     scheduler.install(VaseScheduler(cfg, exported_seed(), k_buf, v_buf, model_runner.req_to_token_pool, q_heads,
-                                    capture_queries=capture))
+                                    capture_queries=capture, head_offset=shard.kv_head_offset,
+                                    total_kv_heads=shard.total_kv_heads,
+                                    # Each KV head's replicas and every TP rank run the same rounds:
+                                    # count them once, on the first attention-TP rank.
+                                    count_totals=parallel.attn_tp_rank == 0))
     per_request = query_ring_bytes_per_request(cfg, k_buf.shape[0], q_heads, head_dim, k_buf.element_size())
     logger.info(
         "vase-sglang: policy %s, budget %d + recent %d slots per request, layer and KV head; "

@@ -63,6 +63,10 @@ class Regions:
     seeds: Sequence[int]
     rounds: Sequence[int]
     queries: torch.Tensor | None = None
+    # Global index of the first local KV head and the model's KV head count, on a
+    # tensor-parallel rank that holds a slice of the heads (None: all heads are local).
+    head_offset: int = 0
+    total_heads: int | None = None
 
     @property
     def n_req(self) -> int:
@@ -149,12 +153,20 @@ class Policy:
         return torch.Generator(device=device).manual_seed(mix_seed(*parts))
 
     def noise(self, regions: Regions, shape: torch.Size) -> torch.Tensor:
-        """Exp(1) noise, independent per (request, round, layer, head, candidate)."""
+        """Exp(1) noise, independent per (request, round, layer, KV head, candidate).
+
+        Drawn for every KV head of the model and sliced to the local ones, so that a head's
+        noise, and so the eviction decision, is the same whatever the TP size.
+        """
+        n_layers, heads, n_cand = shape[1:]
+        total = regions.total_heads or heads
+        lo = regions.head_offset
         per_req = []
         for seed, rnd in zip(regions.seeds, regions.rounds, strict=True):
             g = self._generator(regions.device, seed, rnd, _NOISE_STREAM)
-            e = torch.empty(shape[1:], dtype=torch.float32, device=regions.device).exponential_(generator=g)
-            per_req.append(e.clamp_min_(torch.finfo(torch.float32).tiny))
+            e = torch.empty((n_layers, total, n_cand), dtype=torch.float32, device=regions.device)
+            e.exponential_(generator=g)
+            per_req.append(e[:, lo : lo + heads].clamp_min(torch.finfo(torch.float32).tiny))
         return torch.stack(per_req)
 
     def _check(self, regions: Regions) -> None:

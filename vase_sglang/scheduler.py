@@ -140,8 +140,14 @@ class VaseScheduler:
         q_heads: int,
         capture_queries: bool,
         backend: str | None = None,
+        head_offset: int = 0,
+        total_kv_heads: int | None = None,
+        count_totals: bool = True,
     ):
         self.server_cfg = server_cfg
+        # On a TP rank: the global index of the local KV heads (for TP-invariant noise),
+        # and whether this rank reports to the Prometheus counters (one rank per request).
+        self.head_offset, self.total_kv_heads, self.count_totals = head_offset, total_kv_heads, count_totals
         self.server_seed = server_seed
         self.k_buf, self.v_buf = k_buf, v_buf  # [n_layers, n_slots, kv_heads, head_dim]
         self.n_layers, _, self.kv_heads, self.head_dim = k_buf.shape
@@ -238,7 +244,8 @@ class VaseScheduler:
             if st is not None:
                 st.region_len = req.kv.kv_committed_len - st.lo
                 states.append(st)
-        metrics.observe_step([(st.cfg.region_size, st.region_len) for st in states if st.cfg.evicts])
+        if self.count_totals:
+            metrics.observe_step([(st.cfg.region_size, st.region_len) for st in states if st.cfg.evicts])
 
     def _begin_region(self, req: Any) -> RequestState:
         """The request's state for its current row; a new region after a (re-)prefill."""
@@ -274,7 +281,8 @@ class VaseScheduler:
             if queries is not None:
                 self._check_queries(queries)
             regions = Regions(self.k_buf, self.v_buf, slots, seeds=[st.options.seed for st, _ in group],
-                              rounds=[st.rounds for st, _ in group], queries=queries)
+                              rounds=[st.rounds for st, _ in group], queries=queries,
+                              head_offset=self.head_offset, total_heads=self.total_kv_heads)
             keep = policy.select(regions)
             ops.compact(self.k_buf, self.v_buf, slots, keep, backend=self.backend)
             for st, _ in group:
@@ -290,7 +298,8 @@ class VaseScheduler:
         self.totals.rounds += len(items)
         self.totals.tokens_evicted += tokens
         self.totals.round_latency.observe(seconds)
-        metrics.observe_rounds(len(items), tokens, seconds)
+        if self.count_totals:
+            metrics.observe_rounds(len(items), tokens, seconds)
 
     def _check_queries(self, queries: torch.Tensor) -> None:
         # One reduction over data the round reads anyway; rounds already synchronize.
@@ -377,6 +386,8 @@ class VaseScheduler:
             "round_seconds_total": round(lat.total_seconds, 4),
             "query_ring_bytes": int(self.qbuf.numel() * self.qbuf.element_size()) if self.qbuf is not None else 0,
             "policy_cache_entries": len(self._policies),
+            # False on the other ranks of an attention-TP group: they run the same rounds.
+            "counted_in_totals": self.count_totals,
             "tracked_requests": len(self._requests),
         }
 
