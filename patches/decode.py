@@ -21,6 +21,7 @@ import torch
 from vase_sglang import scheduler
 from vase_sglang.options import exported_config
 
+from . import manifest
 from .hooks import AFTER, AROUND, BEFORE, hook
 
 
@@ -72,10 +73,8 @@ def backend_hooks() -> list[tuple[str, Any]]:
     """Query-capture hooks on every supported backend, whatever the device: SGLang's triton
     backend also runs on CPU (under TRITON_INTERPRET=1), and a backend without the hook
     would score an all-zero query ring. flashinfer only where it is installed."""
-    import importlib.util
-
-    names = ["torch_native", "triton"] + (["flashinfer"] if importlib.util.find_spec("flashinfer") else [])
-    return [(BACKEND_TARGETS[n], _capture_queries) for n in names]
+    targets = [t for t in BACKEND_TARGETS.values() if manifest.available(manifest.BY_TARGET[t])]
+    return [(t, _capture_queries) for t in targets]
 
 
 def _cap_checkpoint(tree: Any, req: Any, *args: Any, up_to: int, **kwargs: Any):

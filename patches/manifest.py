@@ -175,15 +175,20 @@ def check(entry: Target) -> None:
                                 f"{entry.source_sha256[:12]}...); re-read it against our re-implementation")
 
 
-def check_all(process: str | None = None) -> list[str]:
-    """Problems with every entry (of one process), one line each; empty when all hold."""
+def available(entry: Target) -> bool:
+    """Whether the package the entry needs (if any) is installed, so it is patched here."""
     import importlib.util
 
+    return entry.needs is None or importlib.util.find_spec(entry.needs) is not None
+
+
+def check_all(process: str | None = None) -> list[str]:
+    """Problems with every entry (of one process), one line each; empty when all hold."""
     problems = []
     for entry in MANIFEST:
         if process is not None and entry.process != process:
             continue
-        if entry.needs is not None and importlib.util.find_spec(entry.needs) is None:
+        if not available(entry):
             continue
         try:
             check(entry)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from vase_sglang.config import PolicyConfig, PolicyConfigError
@@ -63,10 +64,15 @@ def default_attention_backend(device: str | None, cuda_available: bool, has_flas
     return None
 
 
+def _reader(given: Any) -> Callable[[str], Any]:
+    """Field values of server args, or of a dict of their keyword arguments."""
+    return given.get if isinstance(given, dict) else lambda name: getattr(given, name, None)
+
+
 def choose_attention_backend(given: Any, cfg: PolicyConfig) -> str | None:
     """For an evicting policy with no backend flag in ``given`` (server args, or a dict of
     keyword arguments): the backend to set, logged; None when the user chose one."""
-    value = (given.get if isinstance(given, dict) else lambda n: getattr(given, n, None))
+    value = _reader(given)
     if not cfg.evicts or any(value(name) for name in BACKEND_FIELDS):
         return None
     import importlib.util
@@ -81,19 +87,29 @@ def choose_attention_backend(given: Any, cfg: PolicyConfig) -> str | None:
     return backend
 
 
+def policy_overrides(given: Any, cfg: PolicyConfig) -> dict[str, Any]:
+    """The server fields an evicting policy needs changed, given the user's values (server
+    args, or a dict of their keyword arguments, as ``sgl.Runtime`` takes them)."""
+    if not cfg.evicts:
+        return {}
+    value = _reader(given)
+    changes: dict[str, Any] = {}
+    backend = choose_attention_backend(given, cfg)
+    if backend is not None:
+        changes["attention_backend"] = backend
+    if not value("disable_overlap_schedule"):
+        # Rounds move KV data in the scheduler; the overlapped forward would still read it.
+        changes["disable_overlap_schedule"] = True
+        logger.info("vase-sglang: --kv-policy %s turns off the overlap scheduler", cfg.policy)
+    if value("max_running_requests") is None:
+        changes["max_running_requests"] = DEFAULT_MAX_RUNNING_REQUESTS
+    return changes
+
+
 def _adjust_for_policy(server_args: Any, cfg: PolicyConfig) -> None:
     """Input changes v1 needs, made before resolution seals the record."""
-    if not cfg.evicts:
-        return
-    backend = choose_attention_backend(server_args, cfg)
-    if backend is not None:
-        server_args.attention_backend = backend
-    if not getattr(server_args, "disable_overlap_schedule", False):
-        # Rounds move KV data in the scheduler; the overlapped forward would still read it.
-        server_args.disable_overlap_schedule = True
-        logger.info("vase-sglang: --kv-policy %s turns off the overlap scheduler", cfg.policy)
-    if getattr(server_args, "max_running_requests", None) is None:
-        server_args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
+    for name, value in policy_overrides(server_args, cfg).items():
+        setattr(server_args, name, value)
 
 
 def options_or_exit(policy: str | None, budget: Any, recent: Any, seed: Any,

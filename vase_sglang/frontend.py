@@ -22,27 +22,18 @@ import sys
 from typing import Any
 
 TARGET_MODULE = "sglang.lang.backend.runtime_endpoint"
-RUNTIME_KWARGS = ("kv_policy", "kv_budget", "kv_recent", "kv_seed", "kv_policy_config")
-
-
 def runtime_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Take the ``kv_*`` arguments out of ``kwargs``, export the policy, return the rest."""
     from .options import config_from_flags, export_config, seed_from_flag
-    from .patches.server_args import DEFAULT_MAX_RUNNING_REQUESTS, choose_attention_backend
+    from .patches.server_args import ENGINE_KWARGS, policy_overrides
 
-    flags = {name: kwargs.pop(name, None) for name in RUNTIME_KWARGS}
+    flags = {name: kwargs.pop(name, None) for name in ENGINE_KWARGS}
     cfg = config_from_flags(flags["kv_policy"] or "none", flags["kv_budget"], flags["kv_recent"],
                             flags["kv_policy_config"])
     seed = seed_from_flag(flags["kv_seed"])
     export_config(cfg, seed)  # the spawned server and its schedulers inherit the environment
-    if cfg.evicts:
-        # What the flags path does to ServerArgs, given here before Runtime builds them.
-        kwargs.setdefault("disable_overlap_schedule", True)
-        kwargs.setdefault("max_running_requests", DEFAULT_MAX_RUNNING_REQUESTS)
-        backend = choose_attention_backend(kwargs, cfg)
-        if backend is not None:
-            kwargs["attention_backend"] = backend
-    return kwargs
+    # What the flags path does to ServerArgs, given here before Runtime builds them.
+    return kwargs | policy_overrides(kwargs, cfg)
 
 
 def patch_runtime(runtime_cls: type) -> None:
