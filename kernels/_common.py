@@ -2,13 +2,43 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
+
+# Every compiled variant launched in this process: (kernel, constexpr values, tensor dtypes).
+# Triton compiles one binary per such key (runtime ints are marked do_not_specialize), so
+# a key first seen while serving is a JIT compile in the middle of a decode step; the
+# start-up warm-up (``vase_sglang.warmup``) launches every key serving can need.
+LAUNCHED: set[tuple[Any, ...]] = set()
 
 
 def pow2(n: int, minimum: int = 16) -> int:
     """Block size covering ``n``; at least 16 so ``tl.dot`` accepts it on GPUs."""
     return max(minimum, triton.next_power_of_2(max(1, int(n))))
+
+
+def dot_precision(dtype: torch.dtype, device: torch.device) -> str:
+    """``tl.dot`` input precision: tensor cores (TF32) for fp32 data on a GPU. bf16/fp16
+    operands go to tensor cores whatever this says; accumulation is always fp32. The
+    interpreter (CPU) computes in fp32 and takes only ``ieee``."""
+    return "tf32" if device.type == "cuda" and dtype == torch.float32 else "ieee"
+
+
+def dot_in_fp32(device: torch.device) -> bool:
+    """Whether ``tl.dot`` operands are widened to fp32 first: only in the interpreter,
+    whose bf16/fp16 dot returns garbage (triton 3.8); on a GPU they stay in the pool's
+    dtype so the dot runs on tensor cores."""
+    return device.type != "cuda"
+
+
+def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **constexprs: Any) -> None:
+    """Launch ``kernel`` and record the variant it compiles to (see ``LAUNCHED``)."""
+    dtypes = tuple(str(a.dtype) for a in args if isinstance(a, torch.Tensor))
+    name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", repr(kernel))
+    LAUNCHED.add((name, tuple(sorted(constexprs.items())), dtypes))
+    kernel[grid](*args, **constexprs)
 
 
 def check_layout(k_buf: torch.Tensor, slots: torch.Tensor) -> None:

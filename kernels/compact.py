@@ -12,13 +12,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_layout, pow2
+from ._common import check_layout, launch, pow2
 
 # Scratch bytes per launch chunk; bounds the workspace whatever the batch size.
 SCRATCH_BYTES = 256 << 20
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B", "layer0"])
 def _move_kernel(
     buf_ptr, slots_ptr, keep_ptr, scratch_ptr,
     B, D, n_heads, layer0,
@@ -51,6 +51,12 @@ def _move_kernel(
         tl.store(dst, tl.load(scratch, mask=mask), mask=mask)
 
 
+def workspace_bytes(n_req: int, n_layers: int, kv_heads: int, budget: int, head_dim: int, itemsize: int) -> int:
+    """Scratch bytes of one call (bounded by SCRATCH_BYTES unless one layer needs more)."""
+    per_layer = n_req * kv_heads * budget * head_dim * itemsize
+    return per_layer * max(1, min(n_layers, SCRATCH_BYTES // max(1, per_layer)))
+
+
 def compact(k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, keep: torch.Tensor) -> None:
     check_layout(k_buf, slots)
     n_req, n_layers, n_heads, b = keep.shape
@@ -66,8 +72,6 @@ def compact(k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, keep:
         grid = (n_req, n * n_heads, triton.cdiv(b, block_j))
         for buf in (k_buf, v_buf):
             for to_scratch in (True, False):
-                _move_kernel[grid](
-                    buf, slots, keep, scratch, b, d, n_heads, layer0,
-                    *buf.stride(), *slots.stride(), *keep.stride(),
-                    TO_SCRATCH=to_scratch, BLOCK_J=block_j, BLOCK_D=pow2(d),
-                )
+                launch(_move_kernel, grid, buf, slots, keep, scratch, b, d, n_heads, layer0,
+                       *buf.stride(), *slots.stride(), *keep.stride(),
+                       TO_SCRATCH=to_scratch, BLOCK_J=block_j, BLOCK_D=pow2(d))

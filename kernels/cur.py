@@ -6,10 +6,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_layout, pow2
+from ._common import check_layout, dot_in_fp32, dot_precision, launch, pow2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["C", "n_layers"])
 def _cur_kernel(
     k_ptr, v_ptr, slots_ptr, g_ptr, out_ptr,
     C, D, RANK, n_layers,
@@ -17,7 +17,8 @@ def _cur_kernel(
     s_vl, s_vs, s_vh, s_vd,
     s_sr, s_sc,
     s_gn, s_gl, s_gd, s_gk,
-    BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
     rl = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -32,13 +33,17 @@ def _cur_kernel(
     mask_cd = mask_c[:, None] & (offs_d[None, :] < D)
     slot = tl.load(slots_ptr + r * s_sr + offs_c * s_sc, mask=mask_c, other=0).to(tl.int64)
     g = tl.load(g_ptr + r * s_gn + layer * s_gl + offs_d[:, None] * s_gd + offs_k[None, :] * s_gk,
-                mask=(offs_d[:, None] < D) & (offs_k[None, :] < RANK), other=0.0).to(tl.float32)
+                mask=(offs_d[:, None] < D) & (offs_k[None, :] < RANK), other=0.0)
     k = tl.load(k_ptr + layer * s_kl + slot[:, None] * s_ks + h * s_kh + offs_d[None, :] * s_kd,
-                mask=mask_cd, other=0.0).to(tl.float32)
+                mask=mask_cd, other=0.0)
     v = tl.load(v_ptr + layer * s_vl + slot[:, None] * s_vs + h * s_vh + offs_d[None, :] * s_vd,
-                mask=mask_cd, other=0.0).to(tl.float32)
-    kg = tl.dot(k, g, input_precision="ieee")
-    vg = tl.dot(v, g, input_precision="ieee")
+                mask=mask_cd, other=0.0)
+    # Operands in the pool's dtype (the Gaussian sketch rounded to it), fp32 accumulation.
+    if DOT_FP32:
+        k = k.to(tl.float32)
+    g = g.to(k.dtype)
+    kg = tl.dot(k, g, input_precision=DOT_PRECISION)
+    vg = tl.dot(v.to(k.dtype), g, input_precision=DOT_PRECISION)
     s = tl.sum(kg * kg, axis=1) * tl.sum(vg * vg, axis=1)
     tl.store(out_ptr + (rl * n_heads + h) * C + offs_c, s, mask=mask_c)
 
@@ -50,10 +55,12 @@ def cur_score(k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, ske
     rank = sketch.shape[-1]
     out = torch.empty((n_req, n_layers, n_heads, c), dtype=torch.float32, device=k_buf.device)
     block_c = 64
-    _cur_kernel[(n_req * n_layers, n_heads, triton.cdiv(c, block_c))](
-        k_buf, v_buf, slots, sketch, out, c, d, rank, n_layers,
-        *k_buf.stride(), *v_buf.stride(), *slots.stride(), *sketch.stride(),
-        BLOCK_C=block_c, BLOCK_D=pow2(d), BLOCK_K=pow2(rank),
-    )
+    if n_req == 0:
+        return out
+    launch(_cur_kernel, (n_req * n_layers, n_heads, triton.cdiv(c, block_c)),
+           k_buf, v_buf, slots, sketch, out, c, d, rank, n_layers,
+           *k_buf.stride(), *v_buf.stride(), *slots.stride(), *sketch.stride(),
+           BLOCK_C=block_c, BLOCK_D=pow2(d), BLOCK_K=pow2(rank), DOT_PRECISION=dot_precision(k_buf.dtype, k_buf.device),
+           DOT_FP32=dot_in_fp32(k_buf.device))
     # Normalising is one reduction over a small tensor; torch does it as well as a kernel.
     return out / out.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)

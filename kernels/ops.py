@@ -74,9 +74,13 @@ def window_attention_score(
     slots: torch.Tensor,
     temperature: float = 1.0,
     smoothing_kernel: int = 5,
+    query_rows: torch.Tensor | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
-    return _impl("window_attention_score", k_buf.device, backend)(queries, k_buf, slots, temperature, smoothing_kernel)
+    """Importance of each candidate for the window queries; ``query_rows`` reads each
+    request's queries in place from a ring ``[rows, n_layers, Hq, R, D]`` (no copy)."""
+    return _impl("window_attention_score", k_buf.device, backend)(queries, k_buf, slots, temperature, smoothing_kernel,
+                                                                  query_rows)
 
 
 def cur_score(k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, sketch: torch.Tensor,

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._common import launch
+
 
 @triton.jit
 def _orderable(x):
@@ -36,7 +38,7 @@ def _unpack_pos(packed):
     return (0x7FFFFFFF - (packed & 0x7FFFFFFF)).to(tl.int64)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["C", "n_sink", "n_large", "n_fill", "n_out"])
 def _select_kernel(
     fill_ptr, reserve_ptr, noise_ptr, out_ptr,
     C, n_sink, n_large, n_fill, n_out,
@@ -83,8 +85,6 @@ def select(
     reserve = reserve_key.reshape(-1, c).contiguous() if (n_large > 0 and reserve_key is not None) else rows
     noise_rows = noise.reshape(-1, c).contiguous() if noise is not None else rows
     if rows.shape[0] > 0:
-        _select_kernel[(rows.shape[0],)](
-            rows, reserve, noise_rows, out, c, n_sink, n_large, n_fill, n_out,
-            HAS_RESERVE=n_large > 0, HAS_NOISE=noise is not None, BLOCK=triton.next_power_of_2(c),
-        )
+        launch(_select_kernel, (rows.shape[0],), rows, reserve, noise_rows, out, c, n_sink, n_large, n_fill, n_out,
+               HAS_RESERVE=n_large > 0, HAS_NOISE=noise is not None, BLOCK=triton.next_power_of_2(c))
     return out.reshape(*lead, n_out)

@@ -6,12 +6,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_layout, pow2
+from ._common import check_layout, launch, pow2
 
 STAT_IDS = {"range": 0, "l2": 1, "variance": 2, "absmax": 3}
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["C", "n_layers"])
 def _value_stat_kernel(
     v_ptr, slots_ptr, out_ptr,
     C, D, n_layers,
@@ -58,10 +58,9 @@ def value_stat(v_buf: torch.Tensor, slots: torch.Tensor, stat: str) -> torch.Ten
     n_req, c = slots.shape
     out = torch.empty((n_req, n_layers, n_heads, c), dtype=torch.float32, device=v_buf.device)
     block_c = 64
-    grid = (n_req * n_layers, n_heads, triton.cdiv(c, block_c))
-    _value_stat_kernel[grid](
-        v_buf, slots, out, c, d, n_layers,
-        *v_buf.stride(), *slots.stride(),
-        STAT=STAT_IDS[stat], BLOCK_C=block_c, BLOCK_D=pow2(d),
-    )
+    if n_req == 0:
+        return out
+    launch(_value_stat_kernel, (n_req * n_layers, n_heads, triton.cdiv(c, block_c)),
+           v_buf, slots, out, c, d, n_layers, *v_buf.stride(), *slots.stride(),
+           STAT=STAT_IDS[stat], BLOCK_C=block_c, BLOCK_D=pow2(d))
     return out

@@ -4,10 +4,13 @@
   buffer out of one allocation, so the kernels see ``[layers, slots, heads, dim]`` as a
   strided view and one launch covers all layers. Per-layer shapes and strides are
   exactly those SGLang makes.
-* ``KVCacheConfigurator._profile_available_bytes`` AROUND: subtract the query ring from
-  the bytes the KV pool may use, before the pool is sized.
+* ``KVCacheConfigurator._profile_available_bytes`` AROUND: subtract the query ring and
+  the temporaries of one batched round from the bytes the KV pool may use, before the
+  pool is sized.
 * ``ModelRunner._init_post_memory_pool_components`` AFTER: build the VaseScheduler
-  over the pools, check the model and print the policy memory.
+  over the pools, check the model, compile the kernels (warm-up) and print the policy
+  memory. This runs before SGLang captures its CUDA graphs, so the captured decode
+  step already contains the query-recording hook.
 """
 
 from __future__ import annotations
@@ -19,9 +22,16 @@ from typing import Any
 import torch
 
 from vase_sglang import scheduler
+from vase_sglang.kernels import ops
 from vase_sglang.options import exported_config, exported_seed
-from vase_sglang.policies import POLICIES
-from vase_sglang.scheduler import VaseScheduler, query_ring_bytes_per_request, stacked_view
+from vase_sglang.policies import POLICIES, RoundShape
+from vase_sglang.scheduler import (
+    MAX_ROUND_BATCH,
+    VaseScheduler,
+    query_ring_bytes_per_request,
+    round_workspace_bytes,
+    stacked_view,
+)
 from vase_sglang.sharding import head_shard
 
 from .hooks import AFTER, AROUND, fail, hook
@@ -55,18 +65,32 @@ def ring_bytes_per_request(model_config: Any, tp_size: int) -> int:
     return query_ring_bytes_per_request(cfg, model_config.num_hidden_layers, heads, model_config.head_dim, itemsize)
 
 
+def round_shape(model_config: Any, tp_size: int, n_req: int) -> RoundShape:
+    """A round's geometry on one TP rank, from the model config (before the pool exists)."""
+    total_kv = model_config.get_total_num_kv_heads()
+    kv_heads = max(1, total_kv // max(1, tp_size))
+    itemsize = torch.empty((), dtype=model_config.dtype).element_size()
+    return RoundShape(n_req=n_req, n_layers=model_config.num_hidden_layers,
+                      q_heads=model_config.num_attention_heads // max(1, tp_size), kv_heads=kv_heads,
+                      head_dim=model_config.head_dim, itemsize=itemsize, total_kv_heads=total_kv)
+
+
 @hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes", AROUND)
 def _reserve_policy_memory(original, configurator: Any, *args: Any, **kwargs: Any) -> int:
     available = original(configurator, *args, **kwargs)
     cfg = exported_config()
-    if not cfg.evicts or not POLICIES[cfg.policy].needs_queries:
+    if not cfg.evicts:
         return available
     from sglang.srt.runtime_context import get_context
 
     server_args = get_context().server_args
     rows = (server_args.max_running_requests or 0) + 1
-    per_request = ring_bytes_per_request(configurator.model_config, server_args.tp_size)
-    return max(0, available - rows * per_request)
+    ring = rows * ring_bytes_per_request(configurator.model_config, server_args.tp_size)
+    workspace = round_workspace_bytes(cfg, round_shape(configurator.model_config, server_args.tp_size, rows))
+    logger.info("vase-sglang: reserving %.1f MiB for the query ring and %.1f MiB for round temporaries "
+                "(up to %d regions per launch) before the KV pool is sized", ring / 2**20, workspace / 2**20,
+                MAX_ROUND_BATCH)
+    return max(0, available - ring - workspace)
 
 
 def _check_model(model_runner: Any) -> None:
@@ -120,11 +144,18 @@ def _build_runtime(result: Any, model_runner: Any, *args: Any, **kwargs: Any) ->
                                     # Each KV head's replicas and every TP rank run the same rounds:
                                     # count them once, on the first attention-TP rank.
                                     count_totals=parallel.attn_tp_rank == 0))
+    sched = scheduler.current()
+    assert sched is not None
+    if ops.resolve_backend(k_buf.device) == "triton":
+        sched.warm_up()  # compile now, not in the middle of a decode step
     per_request = query_ring_bytes_per_request(cfg, k_buf.shape[0], q_heads, head_dim, k_buf.element_size())
+    shape = RoundShape(n_req=rows, n_layers=k_buf.shape[0], q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+                       itemsize=k_buf.element_size(), total_kv_heads=shard.total_kv_heads)
+    workspace = round_workspace_bytes(cfg, shape)
     logger.info(
         "vase-sglang: policy %s, budget %d + recent %d slots per request, layer and KV head; "
-        "query ring %d bytes per request x %d request slots = %.1f MiB (counted before the KV pool was sized); "
-        "KV pool %d tokens, %d layers x %d KV heads x %d dims",
-        cfg.policy, cfg.budget, cfg.recent, per_request, rows, per_request * rows / 2**20,
+        "query ring %d bytes per request x %d request slots = %.1f MiB, round temporaries %.1f MiB "
+        "(both counted before the KV pool was sized); KV pool %d tokens, %d layers x %d KV heads x %d dims",
+        cfg.policy, cfg.budget, cfg.recent, per_request, rows, per_request * rows / 2**20, workspace / 2**20,
         model_runner.max_total_num_tokens, k_buf.shape[0], kv_heads, head_dim,
     )

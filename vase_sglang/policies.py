@@ -53,7 +53,9 @@ class Regions:
     ``k_buf``/``v_buf``: ``[n_layers, n_slots, kv_heads, head_dim]`` token-indexed buffers.
     ``slots``: ``[n_req, budget + recent]`` slot of each region position, oldest first.
     ``queries``: ``[n_req, n_layers, q_heads, recent, head_dim]`` post-RoPE queries of the
-    recent window (only policies with ``needs_queries``).
+    recent window (only policies with ``needs_queries``); with ``query_rows`` (``[n_req]``),
+    ``queries`` is a whole ring and request i's queries are its row ``query_rows[i]``, read
+    in place by the kernels instead of copied.
     ``seeds``/``rounds``: per request, the policy seed and the index of this round.
     """
 
@@ -63,6 +65,7 @@ class Regions:
     seeds: Sequence[int]
     rounds: Sequence[int]
     queries: torch.Tensor | None = None
+    query_rows: torch.Tensor | None = None
     # Global index of the first local KV head and the model's KV head count, on a
     # tensor-parallel rank that holds a slice of the heads (None: all heads are local).
     head_offset: int = 0
@@ -132,6 +135,23 @@ class Scores:
     reserve: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class RoundShape:
+    """What sizes a batched round's temporaries: ``n_req`` regions of one config."""
+
+    n_req: int
+    n_layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    itemsize: int  # bytes per KV element
+    total_kv_heads: int | None = None  # the model's, on a TP rank holding a slice
+
+    def score_map_bytes(self, cfg: PolicyConfig) -> int:
+        """One fp32 value per (request, layer, KV head, candidate)."""
+        return 4 * self.n_req * self.n_layers * self.kv_heads * cfg.budget
+
+
 class Policy:
     """Base class: subclasses set ``name`` and implement ``score``."""
 
@@ -139,6 +159,8 @@ class Policy:
     needs_queries: ClassVar[bool] = False
     stochastic: ClassVar[bool] = False
     evicts: ClassVar[bool] = True
+    # fp32 [n_req, layers, KV heads, C] maps alive at once while scoring (the Triton path).
+    score_maps: ClassVar[int] = 0
 
     def __init__(self, config: PolicyConfig, backend: str | None = None):
         self.config = config
@@ -147,6 +169,28 @@ class Policy:
     # -- to implement ---------------------------------------------------------------
     def score(self, regions: Regions) -> Scores:
         raise NotImplementedError
+
+    def workspace_bytes(self, shape: RoundShape) -> int:
+        """Peak bytes of device temporaries of one round over ``shape.n_req`` regions, on
+        the Triton path: scores, noise, the selection and the compaction scratch. The
+        server reserves this before it sizes the KV pool."""
+        from .kernels import compact, window_attention
+
+        cfg = self.config
+        if not self.evicts:
+            return 0
+        one_map = shape.score_map_bytes(cfg)
+        total = 8 * shape.n_req * (cfg.region_size + 1)  # slots and ring rows, int64
+        total += 4 * one_map  # kept positions and the recent window appended: int64 twice
+        total += compact.workspace_bytes(shape.n_req, shape.n_layers, shape.kv_heads, cfg.budget, shape.head_dim,
+                                         shape.itemsize)
+        total += self.score_maps * one_map
+        if self.stochastic:  # drawn per global head, sliced, then stacked
+            total += one_map * (1 + (shape.total_kv_heads or shape.kv_heads) // shape.kv_heads)
+        if self.needs_queries:
+            total += window_attention.workspace_bytes(shape.n_req, shape.n_layers, shape.q_heads, shape.kv_heads,
+                                                      cfg.recent, cfg.budget)
+        return total
 
     # -- shared machinery -----------------------------------------------------------
     def _generator(self, device: torch.device, *parts: int) -> torch.Generator:
@@ -180,9 +224,11 @@ class Policy:
             q = regions.queries
             if q is None:
                 raise ValueError(f"{self.name} needs the window queries")
-            if q.shape[0] != regions.n_req or q.shape[1] != regions.n_layers or q.shape[3] != cfg.recent:
+            rows = regions.query_rows
+            n_q = rows.shape[0] if rows is not None else q.shape[0]
+            if n_q != regions.n_req or q.shape[1] != regions.n_layers or q.shape[3] != cfg.recent:
                 raise ValueError(f"{self.name}: queries must be [n_req, n_layers, Hq, recent={cfg.recent}, D], "
-                                 f"got {tuple(q.shape)}")
+                                 f"got {tuple(q.shape)}" + (f" with {n_q} query rows" if rows is not None else ""))
 
     def select(self, regions: Regions) -> torch.Tensor:
         """``[n_req, n_layers, H, budget]`` region positions to keep, in storage order."""
@@ -206,7 +252,7 @@ class Policy:
             raise ValueError(f"{self.name} needs the window queries")
         return ops.window_attention_score(
             regions.queries, regions.k_buf, regions.candidates(cfg.recent),
-            cfg.temperature, cfg.smoothing_kernel, backend=self.backend,
+            cfg.temperature, cfg.smoothing_kernel, query_rows=regions.query_rows, backend=self.backend,
         )
 
 
@@ -216,6 +262,7 @@ class VaSEAttnV(Policy):
     name = "vase"
     needs_queries = True
     stochastic = True
+    score_maps = 1  # the value statistic (window attention is counted by needs_queries)
 
     def score(self, regions: Regions) -> Scores:
         reserve = ops.value_stat(regions.v_buf, regions.candidates(self.config.recent), self.config.value_stat,
@@ -238,6 +285,12 @@ class RKV(Policy):
 
     name = "rkv"
     needs_queries = True
+    # Redundancy runs on torch: the gathered fp32 keys and their normalised copy
+    # (head_dim maps each, counted in workspace_bytes), then three score maps.
+    score_maps = 3
+
+    def workspace_bytes(self, shape: RoundShape) -> int:
+        return super().workspace_bytes(shape) + 2 * shape.head_dim * shape.score_map_bytes(self.config)
 
     def score(self, regions: Regions) -> Scores:
         lam = self.config.rkv_lambda
@@ -250,6 +303,11 @@ class CurDKV(Policy):
 
     name = "curdkv"
     resample_sketch: ClassVar[bool] = False
+    score_maps = 2  # the leverage and its normalised copy
+
+    def workspace_bytes(self, shape: RoundShape) -> int:
+        sketch = 4 * shape.n_req * shape.n_layers * shape.head_dim * self.config.sketch_rank
+        return super().workspace_bytes(shape) + sketch
 
     def sketch(self, regions: Regions) -> torch.Tensor:
         d, rank = regions.k_buf.shape[-1], self.config.sketch_rank
@@ -278,6 +336,7 @@ class RandomEviction(Policy):
 
     name = "random"
     stochastic = True
+    score_maps = 1
 
     def score(self, regions: Regions) -> Scores:
         c = self.config.budget
@@ -323,6 +382,7 @@ class EvictLargeValues(Policy):
     """
 
     name = "evict-large"
+    score_maps = 2
 
     def score(self, regions: Regions) -> Scores:
         stat = ops.value_stat(regions.v_buf, regions.candidates(self.config.recent), self.config.value_stat,

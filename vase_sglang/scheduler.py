@@ -45,13 +45,16 @@ from . import metrics
 from .config import PolicyConfig
 from .kernels import ops
 from .options import RequestOptions, resolve_request
-from .policies import POLICIES, Policy, Regions, make_policy
+from .policies import POLICIES, Policy, Regions, RoundShape, make_policy
 from .stats import LatencyHistogram
 
 logger = logging.getLogger("vase_sglang.scheduler")
 
 # Test oracle: digest the prompt's K/V bytes when a region starts and after each round.
 DEBUG_DIGEST = os.environ.get("VASE_SGLANG_DEBUG_DIGEST") == "1"
+# Regions per kernel launch: bounds a round's temporaries (reserved before the pool is
+# sized) whatever the number of requests whose regions fill in the same step.
+MAX_ROUND_BATCH = 32
 
 
 @dataclass
@@ -125,6 +128,41 @@ def query_ring_bytes_per_request(cfg: PolicyConfig, n_layers: int, q_heads: int,
     if not POLICIES[cfg.policy].needs_queries:
         return 0
     return n_layers * q_heads * cfg.recent * head_dim * dtype_bytes
+
+
+def policies_for(server_cfg: PolicyConfig) -> list[str]:
+    """Evicting policies a request may pick on this server (``kv_policy`` per request):
+    the ones that read queries only when the server captures them."""
+    if not server_cfg.evicts:
+        return []
+    captures = POLICIES[server_cfg.policy].needs_queries
+    return [name for name, cls in POLICIES.items() if cls.evicts and (captures or not cls.needs_queries)]
+
+
+def round_workspace_bytes(server_cfg: PolicyConfig, shape: RoundShape) -> int:
+    """Peak temporaries of one batched round of ``min(shape.n_req, MAX_ROUND_BATCH)``
+    regions, for the most demanding policy a request may choose (at the server's budget,
+    the largest a request may ask for)."""
+    shape = RoundShape(**{**shape.__dict__, "n_req": min(shape.n_req, MAX_ROUND_BATCH)})
+    return max((make_policy(server_cfg.replace(policy=name)).workspace_bytes(shape)
+                for name in policies_for(server_cfg)), default=0)
+
+
+def warmup_configs(server_cfg: PolicyConfig) -> list[PolicyConfig]:
+    """One config per kernel variant a request can reach: every policy it may pick, with
+    and without the value reservation, at one budget per power-of-two block of candidates
+    (the only budget-dependent compile-time constant; the budget itself is a runtime value)."""
+    budgets: dict[int, int] = {}
+    for b in range(2 * server_cfg.recent, server_cfg.budget + 1, server_cfg.recent):
+        budgets.setdefault(1 << (b - 1).bit_length(), b)
+    out = []
+    for name in policies_for(server_cfg):
+        for b in budgets.values():
+            cfg = server_cfg.replace(policy=name, budget=b)
+            out.append(cfg)
+            if cfg.large:
+                out.append(cfg.replace(n_large=0))
+    return out
 
 
 class VaseScheduler:
@@ -273,24 +311,9 @@ class VaseScheduler:
         groups: dict[PolicyConfig, list[tuple[RequestState, torch.Tensor]]] = {}
         for st, slots in items:
             groups.setdefault(st.cfg, []).append((st, slots))
-        for cfg, group in groups.items():
-            policy = self.policy(cfg)
-            slots = torch.stack([s.long() for _, s in group])
-            rows = torch.tensor([st.row for st, _ in group], device=self.device)
-            queries = self.qbuf[rows] if (policy.needs_queries and self.qbuf is not None) else None
-            if queries is not None:
-                self._check_queries(queries)
-            regions = Regions(self.k_buf, self.v_buf, slots, seeds=[st.options.seed for st, _ in group],
-                              rounds=[st.rounds for st, _ in group], queries=queries,
-                              head_offset=self.head_offset, total_heads=self.total_kv_heads)
-            keep = policy.select(regions)
-            ops.compact(self.k_buf, self.v_buf, slots, keep, backend=self.backend)
-            for st, _ in group:
-                st.rounds += 1
-                st.compacted = True
-                st.evicted += cfg.recent
-                st.delta += cfg.recent
-                self.delta_by_row[st.row] += cfg.recent
+        for cfg, members in groups.items():
+            for i in range(0, len(members), MAX_ROUND_BATCH):
+                self._round(cfg, members[i : i + MAX_ROUND_BATCH])
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()  # honest round latency; rounds are rare
         seconds = time.perf_counter() - t0
@@ -301,9 +324,36 @@ class VaseScheduler:
         if self.count_totals:
             metrics.observe_rounds(len(items), tokens, seconds)
 
-    def _check_queries(self, queries: torch.Tensor) -> None:
-        # One reduction over data the round reads anyway; rounds already synchronize.
-        empty = int((queries.flatten(1).abs().amax(dim=1) == 0).sum())
+    def _round(self, cfg: PolicyConfig, group: Sequence[tuple[RequestState, torch.Tensor]]) -> None:
+        """One batched round of regions that share ``cfg`` (at most MAX_ROUND_BATCH)."""
+        if _capturing():
+            raise RuntimeError("vase-sglang: an eviction round ran inside CUDA-graph capture; rounds move KV "
+                               "data and must run eagerly, before the step's allocation")
+        policy = self.policy(cfg)
+        slots = torch.stack([s.long() for _, s in group])
+        rows = torch.tensor([st.row for st, _ in group], device=self.device)
+        reads_queries = policy.needs_queries and self.qbuf is not None
+        if reads_queries:
+            self._check_queries(rows)
+        # The kernels read each request's queries in place from its ring row: no copy.
+        regions = Regions(self.k_buf, self.v_buf, slots, seeds=[st.options.seed for st, _ in group],
+                          rounds=[st.rounds for st, _ in group], queries=self.qbuf if reads_queries else None,
+                          query_rows=rows if reads_queries else None,
+                          head_offset=self.head_offset, total_heads=self.total_kv_heads)
+        keep = policy.select(regions)
+        ops.compact(self.k_buf, self.v_buf, slots, keep, backend=self.backend)
+        for st, _ in group:
+            st.rounds += 1
+            st.compacted = True
+            st.evicted += cfg.recent
+            st.delta += cfg.recent
+            self.delta_by_row[st.row] += cfg.recent
+
+    def _check_queries(self, rows: torch.Tensor) -> None:
+        # An unhooked backend leaves every layer empty: the first layer and head tell.
+        # Rounds synchronize anyway.
+        assert self.qbuf is not None
+        empty = int((self.qbuf[rows, 0, 0].flatten(1).abs().amax(dim=1) == 0).sum())
         if empty:
             if not self.totals.rounds_without_queries:
                 logger.warning("vase-sglang: %d request(s) reached an eviction round with an empty query ring: "
@@ -344,6 +394,29 @@ class VaseScheduler:
         rows = rows.long()
         pos = (seq_lens.long() - 1 - self.lo_by_row[rows]).remainder(self.server_cfg.recent)
         self.qbuf[rows, layer_id, :, pos] = q.reshape(rows.shape[0], self.q_heads, self.head_dim).to(self.qbuf.dtype)
+
+    # ---- start-up ---------------------------------------------------------------------
+    def warm_up(self) -> int:
+        """Run one round per kernel variant a request can reach (``warmup_configs``) on the
+        padding slot 0 and ring row 0, which no request owns, so that Triton compiles at
+        start-up instead of in the middle of a decode step. Returns the configs run."""
+        configs = warmup_configs(self.server_cfg)
+        t0 = time.perf_counter()
+        rows = torch.zeros(1, dtype=torch.int64, device=self.device)
+        for cfg in configs:
+            policy = make_policy(cfg, backend=self.backend)
+            slots = torch.zeros((1, cfg.region_size), dtype=torch.int64, device=self.device)
+            reads_queries = policy.needs_queries and self.qbuf is not None
+            regions = Regions(self.k_buf, self.v_buf, slots, seeds=[0], rounds=[0],
+                              queries=self.qbuf if reads_queries else None,
+                              query_rows=rows if reads_queries else None,
+                              head_offset=self.head_offset, total_heads=self.total_kv_heads)
+            ops.compact(self.k_buf, self.v_buf, slots, policy.select(regions), backend=self.backend)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        logger.info("vase-sglang: kernels warmed up for %d policy/budget variants in %.1f s", len(configs),
+                    time.perf_counter() - t0)
+        return len(configs)
 
     # ---- radix tree -------------------------------------------------------------------
     def checkpoint_limit(self, req: Any, up_to: int) -> int | None:
@@ -397,6 +470,10 @@ class VaseScheduler:
         for buf in (self.k_buf, self.v_buf):
             h.update(buf[:, slots].contiguous().cpu().view(torch.uint8).numpy().tobytes())
         return h.hexdigest()[:16]
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 # One scheduler (one TP rank) per process: the hooks reach the adapter through here.

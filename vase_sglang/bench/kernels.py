@@ -4,7 +4,12 @@
     python -m vase_sglang.bench.kernels --requests 1,8  # fewer batch sizes
 
 On a GPU it times both backends in the same run and prints torch_ms / triton_ms. On a
-machine without a GPU it times the torch path only, at reduced shapes, and says so.
+machine without a GPU it times the torch path only, at reduced shapes, and says so; with
+``TRITON_INTERPRET=1`` it also times the Triton kernels in the interpreter. Interpreter
+times measure how many programs and tile operations a kernel runs (each costs Python
+work), not GPU speed: use them to compare two versions of a kernel, side by side.
+
+    TRITON_INTERPRET=1 python -m vase_sglang.bench.kernels --requests 1,4 --budgets 256
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import statistics
 import sys
 import time
@@ -96,6 +102,7 @@ def _cases(cfg: PolicyConfig, regions: Regions, sketch: torch.Tensor, score: tor
 def bench(args: argparse.Namespace) -> list[Row]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.type == "cuda"
+    time_triton = on_gpu or os.environ.get("TRITON_INTERPRET") == "1"
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     limit = (torch.cuda.get_device_properties(0).total_memory * 0.5) if on_gpu else 4e9
     rows: list[Row] = []
@@ -111,7 +118,7 @@ def bench(args: argparse.Namespace) -> list[Row]:
             for name, fn in _cases(cfg, regions, sketch, score, noise, keep).items():
                 heavy = name in ("window_attention", "vase_round")
                 t_ms = _time(functools.partial(fn, "torch"), device, args.repeat) if (fits or not heavy) else None
-                k_ms = _time(functools.partial(fn, "triton"), device, args.repeat) if on_gpu else None
+                k_ms = _time(functools.partial(fn, "triton"), device, args.repeat) if time_triton else None
                 rows.append(Row(name, n_req, budget, t_ms, k_ms))
                 print(_format(rows[-1]), flush=True)
             del regions, keep  # free the buffers before the next, larger batch
@@ -163,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     if torch.cuda.is_available():
         print(f"# GPU: {torch.cuda.get_device_name(0)}; Triton vs torch reference, same run; "
               "ratio = torch_ms / triton_ms")
+    elif os.environ.get("TRITON_INTERPRET") == "1":
+        print("# No GPU: Triton in the interpreter vs the torch reference, reduced shapes "
+              f"(layers={args.layers}, q_heads={args.q_heads}, kv_heads={args.kv_heads}, head_dim={args.head_dim}); "
+              "interpreter times count programs and tile ops, not GPU speed")
     else:
         print("# No GPU: timing the torch reference path only, at reduced shapes "
               f"(layers={args.layers}, q_heads={args.q_heads}, kv_heads={args.kv_heads}, head_dim={args.head_dim}). "
