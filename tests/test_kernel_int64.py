@@ -116,3 +116,60 @@ def k(buf_ptr, slots_ptr, n_heads, s_bl, s_bs, s_sc, BLOCK: tl.constexpr):
     x = tl.load(buf_ptr + layer * s_bl + slot[:, None] * s_bs)
 '''
     assert _problems(good, "good.py") == []
+
+
+# ---- on a GPU: the kernels on a pool of real size ------------------------------------------
+# 18 layers x (K, V) x 537,110 slots x 8 KV heads x 128 dims in bf16: 39.6 GB, a layer
+# stride of 1.1e9 elements, so every layer from the 2nd on lies past 2**31 elements.
+REAL_LAYERS, REAL_HEADS, REAL_DIM, REAL_LAYER_STRIDE = 18, 8, 128, 1_100_000_000
+
+
+def _free_gpu_bytes() -> int:
+    import torch
+
+    return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(_free_gpu_bytes() < 45e9, reason="needs a GPU with 45 GB free (scripts/gpu_check.sh runs it)")
+def test_kernels_at_a_real_pool_size() -> None:
+    import math
+
+    import torch
+
+    from vase_sglang.config import PolicyConfig
+    from vase_sglang.kernels import ops, reference
+    from vase_sglang.policies import Regions, make_policy
+
+    dev = torch.device("cuda")
+    per_slot = REAL_HEADS * REAL_DIM
+    n_slots = math.ceil(REAL_LAYER_STRIDE / (2 * per_slot))
+    fused = torch.empty((REAL_LAYERS, 2, n_slots, REAL_HEADS, REAL_DIM), dtype=torch.bfloat16, device=dev)
+    k_buf, v_buf = fused[:, 0], fused[:, 1]
+    assert k_buf.stride(0) >= REAL_LAYER_STRIDE and (REAL_LAYERS - 1) * k_buf.stride(0) > 2**34
+    cfg = PolicyConfig(policy="vase", budget=128, recent=32)
+    n_req = 2
+    g = torch.Generator(device=dev).manual_seed(0)
+    # Regions scattered over the whole slot range (high slots included), plus sentinel rows.
+    touched = torch.randperm(n_slots - 1, device=dev, generator=g)[: n_req * cfg.region_size + 64] + 1
+    slots, sentinel = touched[: n_req * cfg.region_size].reshape(n_req, -1), touched[n_req * cfg.region_size :]
+    for buf in (k_buf, v_buf):
+        buf[:, touched] = torch.randn((REAL_LAYERS, touched.numel(), REAL_HEADS, REAL_DIM), device=dev,
+                                      generator=g).to(torch.bfloat16)
+    queries = torch.randn((n_req, REAL_LAYERS, 4 * REAL_HEADS, cfg.recent, REAL_DIM), device=dev,
+                          generator=g).to(torch.bfloat16)
+    sentinel_before = (k_buf[:, sentinel].clone(), v_buf[:, sentinel].clone())
+    # The same data in a small dense pool, where int32 offsets would be fine.
+    small = Regions.from_dense(reference.gather_region(k_buf, slots), reference.gather_region(v_buf, slots), queries)
+    cand, small_cand = slots[:, : cfg.budget], small.candidates(cfg.recent)
+    torch.testing.assert_close(ops.value_stat(v_buf, cand, "range", backend="triton"),
+                               reference.value_stat(small.v_buf, small_cand, "range"))
+    torch.testing.assert_close(ops.window_attention_score(queries, k_buf, cand, backend="triton"),
+                               reference.window_attention_score(queries, small.k_buf, small_cand),
+                               rtol=3e-2, atol=1e-4)
+    keep = make_policy(cfg, backend="torch").select(small)
+    ops.compact(k_buf, v_buf, slots, keep, backend="triton")
+    reference.compact(small.k_buf, small.v_buf, small.slots, keep)
+    for layer in (0, 1, 2, REAL_LAYERS - 1):  # layer 2 on is past 2**31 elements
+        assert torch.equal(k_buf[layer, slots], small.k_buf[layer, small.slots]), f"K of layer {layer}"
+        assert torch.equal(v_buf[layer, slots], small.v_buf[layer, small.slots]), f"V of layer {layer}"
+    assert torch.equal(k_buf[:, sentinel], sentinel_before[0]) and torch.equal(v_buf[:, sentinel], sentinel_before[1])
