@@ -3,6 +3,7 @@
 * ``allocation.ALLOC_FOR_DECODE_FUNCS[cpu|cuda]``: rounds before the step's allocation.
 * ``ForwardBatch.init_new`` AFTER: logical decode positions.
 * ``<backend>.forward_decode`` AROUND: record each layer's post-RoPE query.
+* ``<backend>.forward_extend`` AROUND: record the last R post-RoPE queries of a prefill.
 * ``UnifiedRadixCache.checkpoint`` / ``RadixCache.checkpoint`` BEFORE: the tree cap.
 * ``PrefillAdder._get_running_request_total_token_offset`` AROUND,
   ``Scheduler.init_req_max_new_tokens`` AROUND,
@@ -62,19 +63,35 @@ def _capture_queries(original, backend: Any, q: torch.Tensor, k: Any, v: Any, la
     return original(backend, q, k, v, layer, forward_batch, *args, **kwargs)
 
 
-BACKEND_TARGETS = {
-    "torch_native": "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_decode",
-    "triton": "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_decode",
-    "flashinfer": "sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend.forward_decode",
+def _capture_extend_queries(original, backend: Any, q: torch.Tensor, k: Any, v: Any, layer: Any,
+                            forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+    sched = scheduler.current()
+    if sched is not None and forward_batch.extend_seq_lens is not None:
+        sched.record_extend_queries(layer.layer_id, forward_batch.req_pool_indices, forward_batch.seq_lens,
+                                    forward_batch.extend_seq_lens, q)
+    return original(backend, q, k, v, layer, forward_batch, *args, **kwargs)
+
+
+BACKEND_CLASSES = {
+    "torch_native": "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend",
+    "triton": "sglang.srt.layers.attention.triton_backend.TritonAttnBackend",
+    "flashinfer": "sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend",
 }
 
 
 def backend_hooks() -> list[tuple[str, Any]]:
     """Query-capture hooks on every supported backend, whatever the device: SGLang's triton
     backend also runs on CPU (under TRITON_INTERPRET=1), and a backend without the hook
-    would score an all-zero query ring. flashinfer only where it is installed."""
-    targets = [t for t in BACKEND_TARGETS.values() if manifest.available(manifest.BY_TARGET[t])]
-    return [(t, _capture_queries) for t in targets]
+    would score an all-zero query ring. flashinfer only where it is installed. Decode
+    steps record their query; prefills record their last R (a re-prefill after a
+    retraction then has a full ring for the round that follows it at once)."""
+    hooks = []
+    for cls in BACKEND_CLASSES.values():
+        for method, fn in (("forward_decode", _capture_queries), ("forward_extend", _capture_extend_queries)):
+            target = f"{cls}.{method}"
+            if manifest.available(manifest.BY_TARGET[target]):
+                hooks.append((target, fn))
+    return hooks
 
 
 def _cap_checkpoint(tree: Any, req: Any, *args: Any, up_to: int, **kwargs: Any):

@@ -12,7 +12,8 @@ Main process:
 Scheduler process:
 
 * ``Scheduler.get_output_streamer_class`` REPLACE: send ``kv_region_len``,
-  ``kv_evicted_tokens`` and ``kv_eviction_rounds`` with every output.
+  ``kv_evicted_tokens``, ``kv_eviction_rounds`` and ``kv_reprefilled_tokens`` (per
+  retraction, the generated tokens re-prefilled, comma-separated) with every output.
 * ``SchedulerInternalStateController.get_internal_state`` AFTER: live totals, which
   ``/kv_policy`` reads through SGLang's own internal-state request.
 """
@@ -30,7 +31,7 @@ from .hooks import AFTER, AROUND, BEFORE, REPLACE, hook
 
 logger = logging.getLogger("vase_sglang.patches.io")
 
-COUNTER_KEYS = ("kv_region_len", "kv_evicted_tokens", "kv_eviction_rounds")
+COUNTER_KEYS = ("kv_region_len", "kv_evicted_tokens", "kv_eviction_rounds", "kv_reprefilled_tokens")
 META_KEYS = (*COUNTER_KEYS, "kv_prefix_digests")
 
 
@@ -54,9 +55,9 @@ def _scalar_meta(original, manager: Any, meta_info: dict, *args: Any, **kwargs: 
             meta_info[key] = value[-1]
 
 
-def _meta_for(req: Any) -> tuple[int, int, int]:
+def _meta_for(req: Any) -> tuple[int, int, int, str]:
     sched = scheduler.current()
-    return sched.counters(req) if sched is not None else (max(0, len(req.output_ids) - 1), 0, 0)
+    return sched.counters(req) if sched is not None else (max(0, len(req.output_ids) - 1), 0, 0, "")
 
 
 def _digests(req: Any) -> str:

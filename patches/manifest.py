@@ -95,6 +95,15 @@ MANIFEST: tuple[Target, ...] = (
     Target("sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend.forward_decode", AROUND,
            "scheduler", "record each layer's post-RoPE decode query in the ring",
            ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache"), needs="flashinfer"),
+    Target("sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend", AROUND,
+           "scheduler", "record the last R post-RoPE queries of each prefill: a re-prefilled region's first round "
+           "runs at once", ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache")),
+    Target("sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend", AROUND, "scheduler",
+           "record the last R post-RoPE queries of each prefill",
+           ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache", "sinks", "score_mod", "aux_tensors")),
+    Target("sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend.forward_extend", AROUND,
+           "scheduler", "record the last R post-RoPE queries of each prefill",
+           ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache"), needs="flashinfer"),
     # ---- scheduler: radix tree -------------------------------------------------------------
     Target("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint", BEFORE, "scheduler",
            "never publish a compacted part of a row to the tree (invariant I2)", ("self", "req", "up_to", "kwargs")),

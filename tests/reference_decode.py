@@ -50,6 +50,7 @@ class ReferenceDecoder:
             q, k, v = self._qkv(layer, x, positions)
             if causal:
                 self.prompt_k[li], self.prompt_v[li] = k, v
+                self.window_q[li] = q[:, -self._window :]  # the server records a prefill's last R queries
                 keys, values = k, v
             else:
                 self.region_k[li] = torch.cat([self.region_k[li], k], dim=1)
@@ -75,6 +76,19 @@ class ReferenceDecoder:
         ids = torch.tensor(prompt_ids)
         self.position = len(prompt_ids)
         return self._forward(ids, torch.arange(len(prompt_ids)), causal=True)[-1]
+
+    @torch.no_grad()
+    def reprefill(self, prompt_ids: list[int], generated_ids: list[int]) -> torch.Tensor:
+        """What the server does after a retraction: recompute prompt + every generated
+        token causally; the generated part becomes the region (G tokens, exact) and the
+        window holds the prefill's last R queries, so a round runs at the next step when
+        G >= B + R, keeping B of G. Rounds go on counting."""
+        logits = self.prefill(prompt_ids + generated_ids)
+        p = len(prompt_ids)
+        for li in range(self.n_layers):
+            self.region_k[li], self.prompt_k[li] = self.prompt_k[li][:, p:], self.prompt_k[li][:, :p]
+            self.region_v[li], self.prompt_v[li] = self.prompt_v[li][:, p:], self.prompt_v[li][:, :p]
+        return logits
 
     def _maybe_evict(self) -> None:
         cfg = self.cfg

@@ -78,11 +78,12 @@ def test_forward_hooks_replay_like_a_captured_graph() -> None:
     sched.before_decode_alloc(batch)
     assert int(sched.delta_by_row[1]) == CFG.recent
     check(rows, batch.seq_lens + 1)
-    # b is retracted and re-prefilled into another row with a longer prefix: a new region.
+    # b is retracted and re-prefilled into another row: a new region after its prompt.
+    b.retraction_count = 1
     b.kv.req_pool_idx, b.kv.kv_committed_len, b.kv.kv_allocated_len = 3, 30, 30
     sched.req_to_token_pool.req_generation[3] += 1
     sched.before_decode_alloc(FakeBatch([a, b]))
-    assert int(sched.lo_by_row[3]) == 30
+    assert int(sched.lo_by_row[3]) == 9
     check(torch.tensor([1, 3]), torch.tensor([5 + CFG.budget + 1, 31]))
     # A padded graph batch: extra rows point at row 0 with SGLang's fill length.
     check(torch.tensor([1, 3, 0, 0]), torch.tensor([5 + CFG.budget + 2, 32, 1, 1]))

@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import ADMISSION_POOL
-from e2e_helpers import PROMPT, REGION, greedy, wait_idle
+from e2e_helpers import PROMPT, REGION, SEED, B, R, greedy, tokens, wait_idle
+from reference_decode import ReferenceDecoder
 
 pytestmark = pytest.mark.e2e
 
@@ -23,6 +24,49 @@ def test_no_leaks_across_retraction(retract_server) -> None:
     log = retract_server.log_text()
     assert "Testing retraction" in log
     assert "Traceback" not in log and "leak" not in log.lower()
+
+
+def test_a_retracted_request_is_evicted_back_to_its_budget_and_matches_the_reference(retract_server,
+                                                                                      tiny_model) -> None:
+    """Issue 13: a re-prefill used to make the whole generated history a protected prefix,
+    never evicted again. Now the history is the region of the re-prefilled request, the
+    tree takes only its prompt, and the first round after the re-prefill brings it back to B.
+    The reference loop re-prefills at the same points (meta_info ``kv_reprefilled_tokens``)
+    and must give the same log-probs."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from vase_sglang.config import PolicyConfig
+
+    n_new = 360  # rounds before and after the retractions
+    prompts = [PROMPT + [90 + i] for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda p: greedy(retract_server, n_new, p), prompts))
+    retracted = [(p, o) for p, o in zip(prompts, outs, strict=True) if o["meta_info"]["kv_reprefilled_tokens"]]
+    assert retracted, "SGLANG_TEST_RETRACT should have retracted a request past its first tokens"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    for prompt, out in retracted:
+        meta = out["meta_info"]
+        reprefills = [int(g) for g in meta["kv_reprefilled_tokens"].split(",")]
+        assert meta["kv_region_len"] <= REGION and meta["completion_tokens"] == n_new
+        ref = ReferenceDecoder(model, PolicyConfig(policy="vase", budget=B, recent=R), seed=SEED)
+        logits = ref.prefill(prompt)
+        toks = tokens(out)
+        ref_lp, pending = [], list(reprefills)
+        for i, token in enumerate(toks):
+            ref_lp.append(torch.log_softmax(logits, -1)[token].item())
+            if pending and pending[0] == i + 1:  # retracted after i + 1 tokens: re-prefilled them
+                pending.pop(0)
+                logits = ref.reprefill(prompt, toks[: i + 1])
+            else:
+                logits = ref.step(token)
+        assert not pending, f"re-prefill points {reprefills} past the output"
+        assert ref.rounds == meta["kv_eviction_rounds"]
+        assert ref.region_length <= REGION  # the reference, bounded the same way
+        server_lp = [lp for lp, _, _ in meta["output_token_logprobs"]]
+        worst = max(abs(a - b) for a, b in zip(server_lp, ref_lp, strict=True))
+        assert worst < 1e-4, f"re-prefilled at {reprefills}: max |logprob diff| = {worst}"
+    assert wait_idle(retract_server) == 0
 
 
 def test_static_admission_runs_four_times_the_full_cache_batch(admission_server) -> None:

@@ -11,7 +11,7 @@ import types
 import pytest
 
 from vase_sglang.patches import hooks, manifest
-from vase_sglang.patches.decode import BACKEND_TARGETS
+from vase_sglang.patches.decode import BACKEND_CLASSES
 
 
 def test_every_target_matches_the_pinned_sglang() -> None:
@@ -24,7 +24,8 @@ def test_every_target_matches_the_pinned_sglang() -> None:
 def test_manifest_lists_exactly_what_the_patches_touch() -> None:
     for name in ("decode", "io", "memory", "server_args"):
         importlib.import_module(f"vase_sglang.patches.{name}")  # importing queues the hooks
-    hooked = {h.target for h in hooks.take()} | set(BACKEND_TARGETS.values())
+    backends = {f"{cls}.{m}" for cls in BACKEND_CLASSES.values() for m in ("forward_decode", "forward_extend")}
+    hooked = {h.target for h in hooks.take()} | backends
     set_or_called = {t.target for t in manifest.MANIFEST if t.kind in (manifest.SET, manifest.CALL)}
     assert hooked | set_or_called == set(manifest.BY_TARGET), "stale or missing manifest entries"
     assert len(manifest.BY_TARGET) == len(manifest.MANIFEST), "a target is listed twice"

@@ -153,3 +153,23 @@ def test_triton_policies_match_torch_policies(cfg: PolicyConfig, shape: dict) ->
     # Feeding the Triton scores to the torch selection gives the Triton policy's sets.
     on_torch.score = lambda _regions: got  # type: ignore[method-assign]
     assert torch.equal(kept, on_torch.select(regions))
+
+
+@pytest.mark.parametrize("policy", EVICTING)
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_longer_region_after_a_reprefill_is_brought_back_to_budget(policy: str, backend: str) -> None:
+    """After a retraction the first round sees G + R positions (G > B): it keeps B of them,
+    the sinks and the R newest among them, each once."""
+    cfg = PolicyConfig(policy=policy, budget=32, recent=8, sinks=2)
+    longer = PolicyConfig(policy=policy, budget=32 + 5 * 8, recent=8)  # only to size the dense region
+    regions = random_regions(longer, n_req=2, n_layers=2, kv_heads=2, group=2, head_dim=16)
+    length = regions.slots.shape[1]
+    keep = make_policy(cfg, backend=backend).select(regions)
+    assert keep.shape == (2, 2, 2, cfg.budget) and int(keep.max()) < length
+    for row in keep.reshape(-1, cfg.budget).tolist():
+        assert len(set(row)) == cfg.budget
+        assert set(range(cfg.sinks)) <= set(row)
+        assert row[-cfg.recent :] == list(range(length - cfg.recent, length))
+    if not POLICIES[policy].stochastic:
+        other = make_policy(cfg, backend="torch" if backend == "triton" else "triton").select(regions)
+        assert torch.equal(keep, other)

@@ -26,6 +26,7 @@ class FakeKV:
     req_pool_idx: int
     kv_committed_len: int
     kv_allocated_len: int
+    cache_protected_len: int = 0  # columns the radix tree owns
 
 
 @dataclass
@@ -43,8 +44,10 @@ class FakeReq:
             stamp_validated(custom, cfg, seed)
         self.rid = rid
         self.sampling_params = FakeParams(custom, sampling_seed)
-        self.kv = FakeKV(row, prompt, prompt)
+        self.kv = FakeKV(row, prompt, prompt, prompt)
+        self.origin_input_ids = list(range(prompt))
         self.output_ids: list[int] = []
+        self.retraction_count = 0
 
 
 class FakePool:
@@ -146,7 +149,7 @@ def test_round_compacts_frees_the_tail_and_shortens_the_row() -> None:
     assert sched.checkpoint_limit(req, lo + CFG.budget) == lo
     assert sched.checkpoint_limit(req, lo) is None
     assert sched.growth_bound(req) == CFG.recent
-    assert sched.counters(req)[1:] == (CFG.recent, 1)
+    assert sched.counters(req)[1:] == (CFG.recent, 1, "")
 
 
 def test_a_round_with_an_empty_query_ring_is_counted() -> None:
@@ -168,11 +171,75 @@ def test_reprefill_starts_a_new_region_and_keeps_the_counters() -> None:
     _decode_until_round(sched, [req])
     st = sched.state(req)
     assert st.rounds == 1 and int(sched.delta_by_row[1]) == CFG.recent
-    # Retracted and re-prefilled into another row with a longer prefix.
-    req.kv = FakeKV(3, 30, 30)
+    # Retracted and re-prefilled into another row: prompt 5 + 12 generated tokens (fewer
+    # than B + R: no round yet), the tree owning the prompt only. The region restarts
+    # after the prompt.
+    req.retraction_count = 1
+    req.kv = FakeKV(3, 17, 17, 5)
     sched.before_decode_alloc(FakeBatch([req]))
-    assert (st.row, st.lo, st.delta, st.compacted, st.rounds, st.evicted) == (3, 30, 0, False, 1, CFG.recent)
-    assert int(sched.delta_by_row[3]) == 0 and int(sched.lo_by_row[3]) == 30
+    assert (st.row, st.lo, st.delta, st.compacted, st.rounds, st.evicted) == (3, 5, 0, False, 1, CFG.recent)
+    assert int(sched.delta_by_row[3]) == 0 and int(sched.lo_by_row[3]) == 5 and st.reprefilled == [12]
+    assert sched.counters(req)[3] == "12" and st.region_len == 12
+
+
+def test_the_tree_takes_only_the_prompt_of_a_retracted_request() -> None:
+    sched = _scheduler()
+    req = FakeReq("a", 1, 5)
+    assert sched.checkpoint_limit(req, 30) is None  # not retracted, not compacted: exact KV may be shared
+    req.retraction_count = 1
+    assert sched.checkpoint_limit(req, 30) == 5 and sched.checkpoint_limit(req, 5) is None
+    stock = FakeReq("b", 2, 5, {"kv_policy": "none"})
+    stock.retraction_count = 1
+    assert sched.checkpoint_limit(stock, 30) is None
+
+
+def test_a_tree_owned_prefix_longer_than_the_prompt_stays_outside_the_region() -> None:
+    sched = _scheduler()
+    req = FakeReq("a", 1, 5)
+    req.retraction_count = 1
+    req.kv = FakeKV(1, 30, 30, 8)  # another request's output, shared through the tree
+    sched.before_decode_alloc(FakeBatch([req]))
+    assert sched.state(req).lo == 8
+
+
+def test_after_a_reprefill_one_round_brings_the_region_back_to_budget() -> None:
+    """Issue 13: re-prefill made the whole history a protected prefix (unbounded). Now the
+    prefill records its last R queries and the first decode step runs the round."""
+    sched = _scheduler(rows=4, cols=200)
+    prompt, history = 5, 3 * CFG.region_size
+    req = FakeReq("a", 1, prompt)
+    req.retraction_count = 1
+    total = prompt + history
+    # The re-prefill: the tree held the prompt, the history was extended (computed) again.
+    queries = torch.randn((history, Q_HEADS * DIM))
+    for layer in range(LAYERS):
+        sched.record_extend_queries(layer, torch.tensor([2]), torch.tensor([total]), torch.tensor([history]), queries)
+    ring = sched.qbuf[2, 0].transpose(0, 1).reshape(CFG.recent, -1)  # [R, Hq * D] by slot
+    for col in range(total - CFG.recent, total):
+        assert torch.equal(ring[col % CFG.recent], queries[col - prompt])
+    req.kv = FakeKV(2, total, total, prompt)
+    region = sched.req_to_token_pool.req_to_token[2, prompt:total].long()
+    batch = FakeBatch([req])
+    sched.before_decode_alloc(batch)
+    st = sched.state(req)
+    removed = history - CFG.budget
+    assert (st.lo, st.reprefilled, st.rounds, st.evicted, st.delta) == (prompt, [history], 1, removed, removed)
+    assert req.kv.kv_committed_len == prompt + CFG.budget and batch.seq_lens.tolist() == [prompt + CFG.budget]
+    (freed,) = batch.token_to_kv_pool_allocator.freed
+    assert torch.equal(freed, region[CFG.budget :])
+    assert sched.summary()["rounds_without_queries"] == 0
+    # The next round is the usual one: B + R -> B.
+    assert not st.due(prompt + CFG.budget + CFG.recent - 1) and st.due(prompt + CFG.budget + CFG.recent)
+
+
+def test_prefill_queries_of_several_requests_land_in_their_rows() -> None:
+    sched = _scheduler(rows=4, cols=60)
+    # Two requests in one prefill batch: 3 and 9 new tokens after prefixes of 10 and 2.
+    q = torch.arange(12, dtype=torch.float32)[:, None].expand(12, Q_HEADS * DIM).contiguous()
+    sched.record_extend_queries(0, torch.tensor([1, 3]), torch.tensor([13, 11]), torch.tensor([3, 9]), q)
+    by_slot = sched.qbuf[:, 0, 0, :, 0]  # [rows, R]: the token index written at each slot
+    assert {c % CFG.recent: by_slot[1, c % CFG.recent].item() for c in (10, 11, 12)} == {2: 0.0, 3: 1.0, 0: 2.0}
+    assert [by_slot[3, c % CFG.recent].item() for c in range(7, 11)] == [8.0, 9.0, 10.0, 11.0]
 
 
 def test_admission_region_is_set_only_while_admitting() -> None:

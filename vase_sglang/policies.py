@@ -88,7 +88,12 @@ class Regions:
         return self.k_buf.device
 
     def candidates(self, recent: int) -> torch.Tensor:
-        return self.slots[:, : self.slots.shape[1] - recent]
+        return self.slots[:, : self.n_candidates(recent)]
+
+    def n_candidates(self, recent: int) -> int:
+        """Positions a round chooses from: all but the ``recent`` newest. A region holds
+        budget + recent positions, or more once, after a re-prefill (see VaseScheduler)."""
+        return self.slots.shape[1] - recent
 
     @classmethod
     def from_dense(
@@ -215,10 +220,10 @@ class Policy:
 
     def _check(self, regions: Regions) -> None:
         cfg = self.config
-        if regions.slots.shape[1] != cfg.region_size:
+        if regions.slots.shape[1] < cfg.region_size:
             raise ValueError(
                 f"{self.name}: region has {regions.slots.shape[1]} positions, "
-                f"expected budget + recent = {cfg.region_size}"
+                f"expected at least budget + recent = {cfg.region_size}"
             )
         if self.needs_queries:
             q = regions.queries
@@ -242,7 +247,7 @@ class Policy:
         return torch.cat([kept, self._recent(regions)], dim=-1)
 
     def _recent(self, regions: Regions) -> torch.Tensor:
-        c = self.config.budget
+        c = regions.n_candidates(self.config.recent)
         recent = torch.arange(c, c + self.config.recent, device=regions.device)
         return recent.expand(regions.n_req, regions.n_layers, regions.n_heads, -1)
 
@@ -339,7 +344,7 @@ class RandomEviction(Policy):
     score_maps = 1
 
     def score(self, regions: Regions) -> Scores:
-        c = self.config.budget
+        c = regions.n_candidates(self.config.recent)
         return Scores(fill=torch.ones((regions.n_req, regions.n_layers, regions.n_heads, c), device=regions.device))
 
 
@@ -351,10 +356,10 @@ class StreamingLLM(Policy):
     def select(self, regions: Regions) -> torch.Tensor:
         self._check(regions)
         cfg = self.config
-        n_newest = cfg.keep_candidates - cfg.sinks
+        length = regions.slots.shape[1]
         keep = torch.cat([
             torch.arange(cfg.sinks, device=regions.device),
-            torch.arange(cfg.budget - n_newest, cfg.region_size, device=regions.device),
+            torch.arange(length - (cfg.budget - cfg.sinks), length, device=regions.device),
         ])
         return keep.expand(regions.n_req, regions.n_layers, regions.n_heads, -1)
 

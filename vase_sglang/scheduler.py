@@ -15,6 +15,17 @@ moves them into columns [lo, lo + B) and frees the R tail slots. The row's slot 
 never change; only the data inside the slots moves. RoPE positions stay logical:
 ``delta`` (logical - physical) grows by R per round.
 
+After a retraction SGLang re-prefills prompt + every generated token. The region then
+restarts at the end of the prompt (or of the tree-owned prefix, if longer) and holds the
+whole re-prefilled history, G tokens; the tree is never given more than the prompt of a
+retracted request. The prefill recorded its last R queries in the ring, so when G >= B + R
+a round runs at the first decode step and brings the region back to B (choosing among
+G - R candidates, more than the usual B).
+
+The query ring holds the query of column ``col`` at slot ``col % R``: decode steps and
+prefills write there, and the newest R columns are always the ones present (B is a
+multiple of R, so a round's shortening of the row keeps the mapping).
+
 What it holds:
 
 * the server's policy and one policy object per distinct ``PolicyConfig`` (the seed is
@@ -70,6 +81,9 @@ class RequestState:
     evicted: int = 0  # tokens evicted per (layer, KV head)
     delta: int = 0  # logical position - physical column
     region_len: int = 0  # physical KV length of the region, after this step's allocation
+    # Generated tokens re-prefilled into each region started after a retraction (one entry
+    # per retraction of this request: bounded by SGLang's retraction count).
+    reprefilled: list[int] = field(default_factory=list)
     prefix_digests: list[str] = field(default_factory=list)  # debug oracle only
 
     @property
@@ -81,6 +95,7 @@ class RequestState:
         return self.row >= 0
 
     def due(self, cache_len: int) -> bool:
+        """A round is due when the region holds B + R tokens (or more, after a re-prefill)."""
         return self.cfg.evicts and cache_len - self.lo >= self.cfg.region_size
 
 
@@ -269,7 +284,7 @@ class VaseScheduler:
         if not due:
             return
         req_to_token = self.req_to_token_pool.req_to_token
-        self._run_rounds([(st, req_to_token[st.row, st.lo : st.lo + st.cfg.region_size]) for _, _, st in due])
+        self._run_rounds([(st, req_to_token[st.row, st.lo : int(req.kv.kv_committed_len)]) for _, req, st in due])
         if DEBUG_DIGEST:
             for _, _, st in due:
                 st.prefix_digests.append(self._prefix_digest(st.row, st.lo))
@@ -293,13 +308,19 @@ class VaseScheduler:
         if st.row == row and st.generation == generation:
             return st
         # First decode, or re-prefilled after a retraction: rounds and evicted go on, the
-        # region restarts after the new prefix and positions are physical again.
-        st.row, st.generation, st.lo = row, generation, int(req.kv.kv_committed_len)
-        st.compacted, st.delta, st.region_len = False, 0, 0
+        # region restarts after the prompt (or the tree-owned prefix, if longer) and positions
+        # are physical again (the re-prefill recomputed every token at its own position).
+        committed = int(req.kv.kv_committed_len)
+        owned_by_tree = int(getattr(req.kv, "cache_protected_len", 0) or 0)
+        lo = min(committed, max(len(req.origin_input_ids), owned_by_tree))
+        if committed > lo:  # generated tokens came back with a re-prefill
+            st.reprefilled.append(committed - lo)
+        st.row, st.generation, st.lo = row, generation, lo
+        st.compacted, st.delta, st.region_len = False, 0, committed - lo
         self.lo_by_row[row] = st.lo
         self.delta_by_row[row] = 0
-        if self.qbuf is not None:
-            self.qbuf[row].zero_()
+        # The ring is not cleared: the prefill just wrote its last R queries there, and any
+        # older slot is overwritten before the region can fill (B >= 2R decode steps).
         if DEBUG_DIGEST:
             st.prefix_digests = [self._prefix_digest(row, st.lo)]
         return st
@@ -308,16 +329,16 @@ class VaseScheduler:
         """One round for each ``(state, region_slots)``; afterwards each region's first B
         slots hold the kept tokens, oldest first."""
         t0 = time.perf_counter()
-        groups: dict[PolicyConfig, list[tuple[RequestState, torch.Tensor]]] = {}
-        for st, slots in items:
-            groups.setdefault(st.cfg, []).append((st, slots))
-        for cfg, members in groups.items():
+        groups: dict[tuple[PolicyConfig, int], list[tuple[RequestState, torch.Tensor]]] = {}
+        for st, slots in items:  # one launch per config and region length
+            groups.setdefault((st.cfg, slots.shape[0]), []).append((st, slots))
+        for (cfg, _), members in groups.items():
             for i in range(0, len(members), MAX_ROUND_BATCH):
                 self._round(cfg, members[i : i + MAX_ROUND_BATCH])
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()  # honest round latency; rounds are rare
         seconds = time.perf_counter() - t0
-        tokens = sum(st.cfg.recent for st, _ in items)
+        tokens = sum(slots.shape[0] - st.cfg.budget for st, slots in items)
         self.totals.rounds += len(items)
         self.totals.tokens_evicted += tokens
         self.totals.round_latency.observe(seconds)
@@ -342,12 +363,13 @@ class VaseScheduler:
                           head_offset=self.head_offset, total_heads=self.total_kv_heads)
         keep = policy.select(regions)
         ops.compact(self.k_buf, self.v_buf, slots, keep, backend=self.backend)
+        removed = slots.shape[1] - cfg.budget  # R, or G + R - B after a re-prefill
         for st, _ in group:
             st.rounds += 1
             st.compacted = True
-            st.evicted += cfg.recent
-            st.delta += cfg.recent
-            self.delta_by_row[st.row] += cfg.recent
+            st.evicted += removed
+            st.delta += removed
+            self.delta_by_row[st.row] += removed
 
     def _check_queries(self, rows: torch.Tensor) -> None:
         # An unhooked backend leaves every layer empty: the first layer and head tell.
@@ -367,7 +389,7 @@ class VaseScheduler:
         orig = batch.orig_seq_lens.clone() if batch.orig_seq_lens is not None else None
         for i, req, st in due:
             new_len = st.lo + st.cfg.budget
-            tail = req_to_token[st.row, new_len : st.lo + st.cfg.region_size].to(torch.int64)
+            tail = req_to_token[st.row, new_len : int(req.kv.kv_committed_len)].to(torch.int64)
             batch.token_to_kv_pool_allocator.free(tail)
             req.kv.kv_committed_len = new_len
             req.kv.kv_allocated_len = new_len
@@ -385,15 +407,33 @@ class VaseScheduler:
         return positions + self.delta_by_row[rows.long()].to(positions.dtype)
 
     def record_queries(self, layer_id: int, rows: torch.Tensor, seq_lens: torch.Tensor, q: torch.Tensor) -> None:
-        """Store each row's decode query at ring slot ``(column - lo) % R``.
+        """Store each row's decode query at ring slot ``column % R``.
 
         ``seq_lens`` are physical lengths including the token being decoded.
         """
         if self.qbuf is None:
             return
         rows = rows.long()
-        pos = (seq_lens.long() - 1 - self.lo_by_row[rows]).remainder(self.server_cfg.recent)
+        pos = (seq_lens.long() - 1).remainder(self.server_cfg.recent)
         self.qbuf[rows, layer_id, :, pos] = q.reshape(rows.shape[0], self.q_heads, self.head_dim).to(self.qbuf.dtype)
+
+    def record_extend_queries(self, layer_id: int, rows: torch.Tensor, seq_lens: torch.Tensor,
+                              extend_lens: torch.Tensor, q: torch.Tensor) -> None:
+        """Store the last R queries of each request in a prefill batch (``q`` holds the
+        extend tokens of every request, concatenated) at ring slot ``column % R``.
+        Prefills are never captured in a CUDA graph, so the selection may sync."""
+        if self.qbuf is None or q.shape[0] == 0:
+            return
+        recent = self.server_cfg.recent
+        rows, seq_lens, extend_lens = rows.long(), seq_lens.long(), extend_lens.long().to(rows.device)
+        n_tok = q.shape[0]
+        owner = torch.repeat_interleave(torch.arange(rows.shape[0], device=rows.device), extend_lens,
+                                        output_size=n_tok)
+        first = torch.cumsum(extend_lens, 0) - extend_lens
+        col = seq_lens[owner] - extend_lens[owner] + torch.arange(n_tok, device=rows.device) - first[owner]
+        last = (col >= seq_lens[owner] - recent).nonzero().squeeze(1)
+        self.qbuf[rows[owner[last]], layer_id, :, col[last].remainder(recent)] = (
+            q[last].reshape(-1, self.q_heads, self.head_dim).to(self.qbuf.dtype))
 
     # ---- start-up ---------------------------------------------------------------------
     def warm_up(self) -> int:
@@ -421,19 +461,26 @@ class VaseScheduler:
     # ---- radix tree -------------------------------------------------------------------
     def checkpoint_limit(self, req: Any, up_to: int) -> int | None:
         """The tree may take columns up to this (None: as asked). Columns past ``lo`` of a
-        compacted region hold another token's KV at each position (invariant I2)."""
+        compacted region hold another token's KV at each position (invariant I2). A
+        retracted request's re-prefilled history is exact, but in the tree it would be a
+        protected prefix that no round can evict: the tree takes its prompt only."""
+        if getattr(req, "retraction_count", 0) and self.state(req).cfg.evicts:
+            prompt = len(req.origin_input_ids)
+            if up_to > prompt:
+                return prompt
         st = self._started(req)
         if st is not None and st.compacted and up_to > st.lo:
             return st.lo
         return None
 
     # ---- reporting --------------------------------------------------------------------
-    def counters(self, req: Any) -> tuple[int, int, int]:
-        """(region length, tokens evicted, rounds) for the request's meta_info."""
+    def counters(self, req: Any) -> tuple[int, int, int, str]:
+        """(region length, tokens evicted, rounds, generated tokens re-prefilled after each
+        retraction, comma-separated) for the request's meta_info."""
         st = self._started(req)
         if st is None:
-            return (max(0, len(req.output_ids) - 1), 0, 0)
-        return (st.region_len, st.evicted, st.rounds)
+            return (max(0, len(req.output_ids) - 1), 0, 0, "")
+        return (st.region_len, st.evicted, st.rounds, ",".join(map(str, st.reprefilled)))
 
     def digests(self, req: Any) -> str:
         st = self._requests.get(req)
