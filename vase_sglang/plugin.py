@@ -39,7 +39,7 @@ def _role() -> str:
 # Hook targets that live in the main (HTTP / tokenizer) process.
 MAIN_TARGETS = (
     "sglang.srt.arg_groups.", "sglang.srt.server_args.", "sglang.srt.sampling.",
-    "sglang.srt.managers.tokenizer_manager.", "sglang.srt.entrypoints.http_server.",
+    "sglang.srt.managers.tokenizer_manager.", "sglang.srt.entrypoints.http_server.", "sglang.srt.managers.io_struct.",
 )
 
 
@@ -49,7 +49,7 @@ def register() -> None:
 
     role = _role()
     if role == "main":
-        from vase_sglang.patches import io, server_args  # noqa: F401 - importing queues the hooks
+        from vase_sglang.patches import guards, io, server_args  # noqa: F401 - importing queues the hooks
 
         hooks.apply(hooks.take(lambda h: h.target.startswith(MAIN_TARGETS)))
         _install_engine_factory()

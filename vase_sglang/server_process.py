@@ -95,6 +95,10 @@ class ServerProcess:
         raise ServerError(f"{self.name} server not healthy after the start-up timeout; "
                           f"log {self.log_path}:\n{self.log_tail()}")
 
+    def alive(self) -> bool:
+        """The launched server process has not exited (SGLang exits when a child dies)."""
+        return self.proc is not None and self.proc.poll() is None
+
     def log_size(self) -> int:
         try:
             return self.log_path.stat().st_size

@@ -1,0 +1,94 @@
+"""Input guards (main process), for every server the plugin loads into, evicting or not.
+
+* ``GenerateReqInput.normalize_batch_and_arguments`` AROUND: the native ``/generate``
+  body is a plain dataclass, so a wrong type or shape (``"sampling_params": []``, a
+  string temperature, an unknown sampling field) used to surface as an IndexError or
+  TypeError and an HTTP 500. Check ``sampling_params`` against SamplingParams' own field
+  types (msgspec, which SGLang already uses for them) and turn any error of the
+  normalisation, which only reads the body, into a ValueError: HTTP 400 with the path.
+* ``TokenizerManager._validate_one_request`` BEFORE: reject, with a ValueError (HTTP 400
+  naming the field), a request that would otherwise crash the scheduler and with it the
+  whole server: token ids outside the vocabulary (an ``IndexError`` in the embedding on
+  CPU, a device-side assert on a GPU) and an empty prompt. SGLang's own check that runs
+  next rejects a prompt plus ``max_new_tokens`` beyond the context length.
+
+Both the native ``/generate`` and the OpenAI endpoints reach this check after
+tokenization, once per request of a batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+from .hooks import AROUND, BEFORE, hook
+
+# SamplingParams fields filled by SGLang itself, not by a client.
+INTERNAL_SAMPLING_FIELDS = ("stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len",
+                            "is_normalized", "ebnf_full_assistant")
+
+
+@functools.cache
+def _sampling_body_type() -> Any:
+    """SamplingParams' API fields as a keyword struct: same types, each also null (SGLang
+    reads null as "the default"), unknown fields refused."""
+    import msgspec
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    fields = [f for f in msgspec.structs.fields(SamplingParams) if f.name not in INTERNAL_SAMPLING_FIELDS]
+    return msgspec.defstruct("SamplingParamsBody", [(f.name, Optional[f.type], None) for f in fields],  # noqa: UP045
+                             kw_only=True, forbid_unknown_fields=True)
+
+
+def check_sampling_params(value: Any, field: str = "sampling_params") -> None:
+    """Raise ValueError naming the field if ``value`` is not a sampling-parameter object
+    (or a non-empty list of them) with the types SGLang declares."""
+    import msgspec
+
+    if value is None:
+        return
+    items = value if isinstance(value, list) else [value]
+    if isinstance(value, list) and not value:
+        raise ValueError(f"{field}: an empty list; send an object, or one object per prompt")
+    for i, item in enumerate(items):
+        where = f"{field}[{i}]" if isinstance(value, list) else field
+        if not isinstance(item, dict):
+            raise ValueError(f"{where}: expected an object of sampling parameters, got {type(item).__name__}")
+        try:
+            msgspec.convert(item, _sampling_body_type())
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"{where}: {str(exc).replace('$.', where + '.')}") from None
+
+
+@hook("sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments", AROUND)
+def _normalize_or_400(original, obj: Any, *args: Any, **kwargs: Any) -> Any:
+    check_sampling_params(getattr(obj, "sampling_params", None))
+    try:
+        return original(obj, *args, **kwargs)
+    except (IndexError, KeyError, TypeError, AttributeError) as exc:
+        # The normalisation only reads the body: its failures are malformed input.
+        raise ValueError(f"malformed request body: {type(exc).__name__}: {exc}") from exc
+
+
+def check_prompt_ids(input_ids: Any, vocab_size: int, field: str = "input_ids") -> None:
+    """Raise ValueError naming ``field`` if the prompt is empty or holds an id outside
+    ``[0, vocab_size)`` (or anything that is not an integer)."""
+    if input_ids is None:
+        return
+    if len(input_ids) == 0:
+        raise ValueError(f"{field}: the prompt is empty; send at least one token")
+    for i, token in enumerate(input_ids):
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+            raise ValueError(f"{field}[{i}] = {token!r} is not a token id of this model: "
+                             f"ids are integers in [0, {vocab_size})")
+
+
+@hook("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", BEFORE)
+def _guard_prompt(manager: Any, obj: Any, input_ids: Any, *args: Any, **kwargs: Any) -> None:
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    if not isinstance(obj, GenerateReqInput) or getattr(obj, "input_embeds", None) is not None:
+        return None
+    field = "input_ids" if getattr(obj, "input_ids", None) is not None else "text"
+    check_prompt_ids(input_ids, manager.model_config.vocab_size, field)
+    return None
