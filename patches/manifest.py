@@ -60,6 +60,9 @@ MANIFEST: tuple[Target, ...] = (
     Target("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", BEFORE, "main",
            "reject out-of-vocabulary token ids and empty prompts with HTTP 400 before they crash the scheduler",
            ("self", "obj", "input_ids")),
+    Target("sglang.srt.managers.tokenizer_manager.TokenizerManager.sigterm_watchdog", AROUND, "main",
+           "bound the drain after SIGTERM: abort what still runs after VASE_SGLANG_DRAIN_TIMEOUT, then SGLang's "
+           "own clean shutdown", ("self",)),
     Target("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", AROUND, "main",
            "our meta_info values are scalars, not per-token lists",
            ("self", "meta_info", "state", "customized_info", "index", "finish_reason")),

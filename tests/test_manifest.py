@@ -22,7 +22,7 @@ def test_every_target_matches_the_pinned_sglang() -> None:
 
 
 def test_manifest_lists_exactly_what_the_patches_touch() -> None:
-    for name in ("decode", "guards", "io", "memory", "server_args"):
+    for name in ("decode", "guards", "io", "lifecycle", "memory", "server_args"):
         importlib.import_module(f"vase_sglang.patches.{name}")  # importing queues the hooks
     backends = {f"{cls}.{m}" for cls in BACKEND_CLASSES.values() for m in ("forward_decode", "forward_extend")}
     hooked = {h.target for h in hooks.take()} | backends

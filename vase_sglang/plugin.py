@@ -49,7 +49,7 @@ def register() -> None:
 
     role = _role()
     if role == "main":
-        from vase_sglang.patches import guards, io, server_args  # noqa: F401 - importing queues the hooks
+        from vase_sglang.patches import guards, io, lifecycle, server_args  # noqa: F401 - importing queues the hooks
 
         hooks.apply(hooks.take(lambda h: h.target.startswith(MAIN_TARGETS)))
         _install_engine_factory()
