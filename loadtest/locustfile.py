@@ -7,6 +7,10 @@ Scenarios (select with ``--tags``; all run by default):
   so the radix tree is exercised.
 * ``mix``    -- short and long requests mixed.
 * ``n``      -- ``n > 1`` parallel samples per request.
+* ``abort``  -- the client disconnects after a few streamed chunks.
+* ``override`` -- per-request ``custom_params`` (kv_budget, kv_policy, kv_seed).
+
+``--max-requests N`` stops the run after N chat requests (the soak test uses it).
 
 Besides each request's end-to-end time, every response reports three Locust statistics
 (request types ``TTFT``, ``TPOT``, ``ITL``; Locust prints p50/p90/p99 for each):
@@ -40,6 +44,31 @@ def _options(parser) -> None:
     parser.add_argument("--short-len", type=int, default=32, help="tokens per short request in the mix")
     parser.add_argument("--model", default="default", help="model name sent to the OpenAI API")
     parser.add_argument("--samples", type=int, default=2, help="n for the parallel-samples scenario")
+    parser.add_argument("--max-requests", type=int, default=0, help="stop after this many chat requests (0: no limit)")
+    parser.add_argument("--overrides", default='[{"kv_budget": 64}, {"kv_policy": "streamingllm"}, {"kv_seed": 5}]',
+                        help="JSON list of custom_params, one drawn per override request")
+
+
+_finished = 0
+_ENV: list = []  # the Locust environment, for --max-requests
+
+
+@events.init.add_listener
+def _keep_env(environment, **kwargs) -> None:
+    _ENV[:] = [environment]
+
+
+@events.request.add_listener
+def _stop_after_max_requests(request_type, name, response_time, response_length, exception=None, **kwargs) -> None:
+    global _finished
+    if request_type != "chat":
+        return
+    _finished += 1
+    limit = _ENV[0].parsed_options.max_requests if _ENV else 0
+    if limit and _finished == limit and _ENV[0].runner is not None:
+        import gevent
+
+        gevent.spawn(_ENV[0].runner.quit)  # not from inside this greenlet, which quit() kills
 
 
 class ChatUser(User):
@@ -49,8 +78,11 @@ class ChatUser(User):
         self.client = OpenAI(base_url=self.host.rstrip("/") + "/v1", api_key="EMPTY", max_retries=0, timeout=600)
         self.opts = self.environment.parsed_options
 
-    def _stream(self, name: str, messages: list[dict], max_tokens: int, n: int = 1, fixed_len: bool = True) -> None:
-        extra = {"ignore_eos": True, "min_tokens": max_tokens} if fixed_len else {}
+    def _stream(self, name: str, messages: list[dict], max_tokens: int, n: int = 1, fixed_len: bool = True,
+                custom_params: dict | None = None, stop_after: int = 0) -> None:
+        extra: dict = {"ignore_eos": True, "min_tokens": max_tokens} if fixed_len else {}
+        if custom_params:
+            extra["custom_params"] = custom_params
         start = time.perf_counter()
         first = last = None
         gaps: list[float] = []
@@ -70,6 +102,9 @@ class ChatUser(User):
                     gaps.append(now - last)
                 last = now
                 chunks += 1
+                if stop_after and chunks >= stop_after:
+                    stream.close()  # the client goes away mid-generation
+                    break
         except Exception as exc:  # noqa: BLE001 - every failure is a Locust failure
             events.request.fire(request_type="chat", name=name, response_time=(time.perf_counter() - start) * 1e3,
                                 response_length=chunks, exception=exc)
@@ -112,3 +147,18 @@ class ChatUser(User):
     def parallel_samples(self) -> None:
         self._stream("n", [{"role": "user", "content": random.choice(QUESTIONS)}], self.opts.short_len * 4,
                      n=self.opts.samples)
+
+    @tag("abort")
+    @task
+    def disconnect(self) -> None:
+        self._stream("abort", [{"role": "user", "content": random.choice(QUESTIONS)}], self.opts.output_len,
+                     stop_after=random.randint(1, 8))
+
+    @tag("override")
+    @task
+    def per_request_override(self) -> None:
+        import json
+
+        custom = random.choice(json.loads(self.opts.overrides))
+        self._stream("override", [{"role": "user", "content": random.choice(QUESTIONS)}], self.opts.output_len,
+                     custom_params=custom)

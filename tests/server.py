@@ -61,10 +61,3 @@ class Server(ServerProcess):
 
     def loads(self) -> dict:
         return requests.get(self.url + "/v1/loads", params={"include": "core,memory"}, timeout=10).json()
-
-    def used_tokens(self) -> int:
-        """KV slots neither free nor evictable from the tree (0 when idle and leak-free)."""
-        body = self.loads()
-        loads = body["loads"] if "loads" in body else body
-        entries = loads if isinstance(loads, list) else [loads]  # one per DP rank
-        return sum(int(e.get("core", e)["num_used_tokens"]) for e in entries)

@@ -99,6 +99,15 @@ class ServerProcess:
         """The launched server process has not exited (SGLang exits when a child dies)."""
         return self.proc is not None and self.proc.poll() is None
 
+    def used_tokens(self) -> int:
+        """KV slots neither free nor evictable from the tree (0 when idle and leak-free)."""
+        import requests
+
+        body = requests.get(self.url + "/v1/loads", params={"include": "core,memory"}, timeout=10).json()
+        loads = body["loads"] if "loads" in body else body
+        entries = loads if isinstance(loads, list) else [loads]  # one per DP rank
+        return sum(int(e.get("core", e)["num_used_tokens"]) for e in entries)
+
     def log_size(self) -> int:
         try:
             return self.log_path.stat().st_size
