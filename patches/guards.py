@@ -36,7 +36,11 @@ def _sampling_body_type() -> Any:
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     fields = [f for f in msgspec.structs.fields(SamplingParams) if f.name not in INTERNAL_SAMPLING_FIELDS]
-    return msgspec.defstruct("SamplingParamsBody", [(f.name, Optional[f.type], None) for f in fields],  # noqa: UP045
+    # custom_params: any JSON values, as SGLang itself passes them on (its declared type
+    # is narrower than what it accepts); the kv_* keys in it are checked by options.py.
+    types = {f.name: (dict if f.name == "custom_params" else f.type) for f in fields}
+    return msgspec.defstruct("SamplingParamsBody", [(f.name, Optional[types[f.name]], None)  # noqa: UP045
+                                                    for f in fields],
                              kw_only=True, forbid_unknown_fields=True)
 
 
