@@ -353,16 +353,10 @@ class VaseScheduler:
         policy = self.policy(cfg)
         slots = torch.stack([s.long() for _, s in group])
         rows = torch.tensor([st.row for st, _ in group], device=self.device)
-        reads_queries = policy.needs_queries and self.qbuf is not None
-        if reads_queries:
+        if policy.needs_queries and self.qbuf is not None:
             self._check_queries(rows)
-        # The kernels read each request's queries in place from its ring row: no copy.
-        regions = Regions(self.k_buf, self.v_buf, slots, seeds=[st.options.seed for st, _ in group],
-                          rounds=[st.rounds for st, _ in group], queries=self.qbuf if reads_queries else None,
-                          query_rows=rows if reads_queries else None,
-                          head_offset=self.head_offset, total_heads=self.total_kv_heads)
-        keep = policy.select(regions)
-        ops.compact(self.k_buf, self.v_buf, slots, keep, backend=self.backend)
+        self._select_and_compact(policy, slots, rows, [st.options.seed for st, _ in group],
+                                 [st.rounds for st, _ in group])
         removed = slots.shape[1] - cfg.budget  # R, or G + R - B after a re-prefill
         for st, _ in group:
             st.rounds += 1
@@ -370,6 +364,16 @@ class VaseScheduler:
             st.evicted += removed
             st.delta += removed
             self.delta_by_row[st.row] += removed
+
+    def _select_and_compact(self, policy: Policy, slots: torch.Tensor, rows: torch.Tensor, seeds: list[int],
+                            rounds: list[int]) -> None:
+        """Choose what each region keeps and move it to the region's first B slots. The
+        kernels read each request's queries in place from its ring row: no copy."""
+        reads_queries = policy.needs_queries and self.qbuf is not None
+        regions = Regions(self.k_buf, self.v_buf, slots, seeds=seeds, rounds=rounds,
+                          queries=self.qbuf if reads_queries else None, query_rows=rows if reads_queries else None,
+                          head_offset=self.head_offset, total_heads=self.total_kv_heads)
+        ops.compact(self.k_buf, self.v_buf, slots, policy.select(regions), backend=self.backend)
 
     def _check_queries(self, rows: torch.Tensor) -> None:
         # An unhooked backend leaves every layer empty: the first layer and head tell.
@@ -446,12 +450,7 @@ class VaseScheduler:
         for cfg in configs:
             policy = make_policy(cfg, backend=self.backend)
             slots = torch.zeros((1, cfg.region_size), dtype=torch.int64, device=self.device)
-            reads_queries = policy.needs_queries and self.qbuf is not None
-            regions = Regions(self.k_buf, self.v_buf, slots, seeds=[0], rounds=[0],
-                              queries=self.qbuf if reads_queries else None,
-                              query_rows=rows if reads_queries else None,
-                              head_offset=self.head_offset, total_heads=self.total_kv_heads)
-            ops.compact(self.k_buf, self.v_buf, slots, policy.select(regions), backend=self.backend)
+            self._select_and_compact(policy, slots, rows, [0], [0])
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         logger.info("vase-sglang: kernels warmed up for %d policy/budget variants in %.1f s", len(configs),
