@@ -1,0 +1,1 @@
+"""Stand-in ``IPython``: SGLang imports ``IPython.display`` at module level for notebook helpers only."""
