@@ -26,3 +26,26 @@ def test_cluster_cli_refuses_zero_workers(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         main(["--workers", "0"])
     assert "--workers must be >= 1" in capsys.readouterr().err
+
+
+def test_cpu_workers_side_by_side_get_their_own_cores_threads_and_a_passive_wait() -> None:
+    from vase_sglang.cluster import cpu_share_env
+
+    assert cpu_share_env(0, 2, 2) == {"SGLANG_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1",
+                                      "OMP_WAIT_POLICY": "PASSIVE"}
+    assert cpu_share_env(1, 2, 2)["SGLANG_CPU_OMP_THREADS_BIND"] == "1"
+    assert cpu_share_env(1, 2, 8) == {"SGLANG_CPU_OMP_THREADS_BIND": "4-7", "OMP_NUM_THREADS": "4",
+                                      "OMP_WAIT_POLICY": "PASSIVE"}
+    assert cpu_share_env(2, 3, 2)["OMP_NUM_THREADS"] == "1"  # more workers than cores: one thread each
+
+
+def test_a_cluster_gives_each_cpu_worker_its_share_unless_the_caller_set_it(tmp_path, monkeypatch) -> None:
+    from vase_sglang.cluster import Cluster
+
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cluster = Cluster("m", 2, tmp_path, [], env={"OMP_WAIT_POLICY": "ACTIVE"})
+    assert [w.env["OMP_NUM_THREADS"] for w in cluster.workers] == ["2", "2"]
+    assert [w.env["SGLANG_CPU_OMP_THREADS_BIND"] for w in cluster.workers] == ["0-1", "2-3"]
+    assert all(w.env["OMP_WAIT_POLICY"] == "ACTIVE" for w in cluster.workers)
+    assert "OMP_NUM_THREADS" not in Cluster("m", 1, tmp_path, []).workers[0].env

@@ -21,7 +21,7 @@ from e2e_helpers import PROMPT, tokens, wait_idle
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vase_sglang.patches.guards import check_prompt_ids
+from vase_sglang.patches.guards import check_logprob_start, check_prompt_ids, check_top_logprobs
 
 pytestmark = pytest.mark.e2e
 
@@ -58,6 +58,22 @@ def _normal(server) -> dict:
     return r.json()
 
 
+def test_logprob_start_check_allows_the_default_and_positions_only() -> None:
+    for ok in (None, -1, 0, 7):
+        check_logprob_start(ok)
+    for bad in (-2, -3, 1.5, True, "0"):
+        with pytest.raises(ValueError, match="logprob_start_len"):
+            check_logprob_start(bad)
+
+
+def test_top_logprobs_check_allows_up_to_the_vocabulary() -> None:
+    for ok in (None, 0, 5, 316):
+        check_top_logprobs(ok, 316)
+    for bad in (317, 10**9, -1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match="top_logprobs_num"):
+            check_top_logprobs(bad, 316)
+
+
 def test_prompt_id_check_names_the_field() -> None:
     check_prompt_ids([0, 5, 315], 316)
     for bad, match in (([], "empty"), ([316], r"input_ids\[0\] = 316"), ([3, -1], r"input_ids\[1\] = -1"),
@@ -75,11 +91,26 @@ OOV = -1000  # replaced by the model's vocabulary size
     ("/generate", {"input_ids": [-1]}, "input_ids[0]"),
     ("/generate", {"input_ids": []}, "input_ids cannot be empty"),  # SGLang's own check
     ("/generate", {"text": ""}, "text: the prompt is empty"),
+    # Killed the server (an assertion in SGLang's input log-prob bookkeeping), found by the fuzz.
+    ("/generate", {"input_ids": [5, 6, 7], "return_logprob": True, "logprob_start_len": -3}, "logprob_start_len = -3"),
     ("/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": CONTEXT}}, "context length"),
     ("/v1/completions", {"model": "m", "prompt": [OOV], "max_tokens": 4}, "input_ids[0]"),
     ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 10 * CONTEXT}, "context length"),
     ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
                               "max_tokens": 10 * CONTEXT}, "max_completion_tokens is too large"),  # SGLang's
+    # Each killed the whole server (a top-k over the vocabulary in the scheduler): issue 21.
+    ("/generate", {"input_ids": [5, 6, 7], "return_logprob": True, "top_logprobs_num": 10**9},
+     "top_logprobs_num = 1000000000"),
+    ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 4, "logprobs": 10**6},
+     "top_logprobs_num = 1000000"),
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                              "logprobs": True, "top_logprobs": 10**6}, "top_logprobs_num = 1000000"),
+    ("/generate", {"input_ids": [5, 6, 7], "return_logprob": True, "token_ids_logprob": [OOV]},
+     "token_ids_logprob[0]"),
+    # Each was an HTTP 500 (a per-prompt field of the wrong shape failed after normalisation): issue 21.
+    ("/generate", {"text": "hi", "rid": ["x", "y"]}, "rid: one prompt takes one string id"),
+    ("/generate", {"text": ["a", "b", "c"], "sampling_params": [{"max_new_tokens": 2}]},
+     "sampling_params: 1 objects for 3 prompts"),
 ])
 def test_bad_input_is_a_400_naming_the_field(guard_server, baseline, vocab, path: str, body: dict,
                                              field: str) -> None:

@@ -20,6 +20,10 @@ CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disabl
              "--mem-fraction-static", "0.1", "--dtype", "float32", "--sleep-on-idle")
 
 
+# Relaunches on a fresh port when the chosen one was taken before the server bound it.
+MAX_REBINDS = 3
+
+
 class ServerError(Exception):
     """A server that exited or never became healthy; the message carries its log tail."""
 
@@ -61,12 +65,11 @@ class ServerProcess:
         import requests  # noqa: F401 - fail early if missing
 
         self.name = name
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.workdir = workdir
         self.cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--host", "127.0.0.1",
-                    "--port", str(self.port), *device_flags(device), *args]
+                    "--port", "0", *device_flags(device), *args]
+        self._choose_port()
         self.env = server_env(device)
         self.proc: subprocess.Popen | None = None
         self.pgid: int | None = None
@@ -82,8 +85,16 @@ class ServerProcess:
 
         if self.proc is None:
             raise ServerError(f"{self.name} server was never launched")
+        rebinds = 0
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if rebinds < MAX_REBINDS and self._port_was_taken():
+                    # free_port() only finds a port free at that instant; another server's
+                    # ephemeral sockets can take it before uvicorn binds. Choose again.
+                    rebinds += 1
+                    self._choose_port()
+                    self.launch()
+                    continue
                 raise ServerError(f"{self.name} server exited with status {self.proc.returncode} at start-up; "
                                   f"log {self.log_path}:\n{self.log_tail()}")
             try:
@@ -94,6 +105,16 @@ class ServerProcess:
             time.sleep(0.5)
         raise ServerError(f"{self.name} server not healthy after the start-up timeout; "
                           f"log {self.log_path}:\n{self.log_tail()}")
+
+    def _choose_port(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cmd[self.cmd.index("--port") + 1] = str(self.port)
+
+    def _port_was_taken(self) -> bool:
+        """The last launch exited because its HTTP port was bound by someone else."""
+        tail = self.log_tail(5)
+        return "address already in use" in tail and f", {self.port})" in tail
 
     def alive(self) -> bool:
         """The launched server process has not exited (SGLang exits when a child dies)."""
