@@ -94,8 +94,14 @@ def key_redundancy(k_buf: torch.Tensor, slots: torch.Tensor, backend: str | None
 
 def select(fill_key: torch.Tensor, n_sink: int, n_large: int, n_fill: int,
            reserve_key: torch.Tensor | None = None, noise: torch.Tensor | None = None,
-           backend: str | None = None) -> torch.Tensor:
-    return _impl("select", fill_key.device, backend)(fill_key, n_sink, n_large, n_fill, reserve_key, noise)
+           reserve_count: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
+    return _impl("select", fill_key.device, backend)(fill_key, n_sink, n_large, n_fill, reserve_key, noise,
+                                                     reserve_count)
+
+
+def outlier_count(reserve_key: torch.Tensor, n_sink: int, factor: float, cap: int,
+                  backend: str | None = None) -> torch.Tensor:
+    return _impl("outlier_count", reserve_key.device, backend)(reserve_key, n_sink, factor, cap)
 
 
 def compact(k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, keep: torch.Tensor,

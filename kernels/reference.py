@@ -88,14 +88,37 @@ def cur_score(k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, ske
 
 
 def key_redundancy(k_buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """R-KV redundancy: softmax over candidates of the mean cosine similarity to the others."""
-    k = gather_region(k_buf, slots).float()
-    kn = k / (k.norm(dim=-1, keepdim=True) + 1e-8)
+    """R-KV redundancy: softmax over candidates of the mean cosine similarity to the others.
+
+    Holds one fp32 ``[n_req, n_layers, H, C, D]`` map (plus, for a bf16/fp16 pool, the
+    gathered keys while they are widened), counted in ``RKV.workspace_bytes``.
+    """
+    c = slots.shape[1]
+    # Gathered head-major, [n_layers, H, n_req, C, D]: a fresh contiguous copy, so the keys
+    # are normalised in place and the batched mat-vec below runs on a view, without a copy.
+    kn = k_buf.transpose(1, 2)[:, :, slots.long()].float()
+    norm = kn.norm(dim=-1, keepdim=True)
+    denom = norm + 1e-8
+    kn.div_(denom)
     # Row i of the [C, C] similarity matrix with its diagonal zeroed sums to
     # kn_i . sum_j kn_j - |kn_i|^2: O(C D) work and memory instead of O(C^2) (at
-    # B = 4096 the matrix alone would be 64 MiB per layer and KV head).
-    sim_sum = (kn * kn.sum(dim=-2, keepdim=True)).sum(-1) - kn.square().sum(-1)
-    return (sim_sum / kn.shape[-2]).softmax(dim=-1)
+    # B = 4096 the matrix alone would be 64 MiB per layer and KV head). |kn_i| is
+    # |k_i| / (|k_i| + eps), taken from the norms so that no [C, D] map is squared.
+    total = kn.sum(dim=-2, keepdim=True)  # [n_layers, H, n_req, 1, D]
+    sim_sum = (kn @ total.transpose(-1, -2)).squeeze(-1)
+    del kn, total
+    sim_sum.sub_(norm.squeeze(-1).div_(denom.squeeze(-1)).square_())
+    return sim_sum.div_(c).permute(2, 0, 1, 3).softmax(dim=-1)
+
+
+def outlier_count(reserve_key: torch.Tensor, n_sink: int, factor: float, cap: int) -> torch.Tensor:
+    """Per row of ``[..., C]`` value statistics: how many non-sink candidates are outliers,
+    i.e. have a statistic of at least ``factor`` times the row's non-sink median (and above
+    zero), at most ``cap``. ``[...]`` int64: the reserved slots a row actually needs."""
+    stat = reserve_key[..., n_sink:].float()
+    median = stat.median(dim=-1, keepdim=True).values
+    outliers = (stat >= factor * median) & (stat > 0)
+    return outliers.sum(dim=-1).clamp_max(cap)
 
 
 def select(
@@ -105,14 +128,17 @@ def select(
     n_fill: int,
     reserve_key: torch.Tensor | None = None,
     noise: torch.Tensor | None = None,
+    reserve_count: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Choose candidate positions per row of ``[..., C]`` keys.
 
     Output ``[..., n_sink + n_large + n_fill]`` int64, in this order:
 
     1. the sinks, positions ``0 .. n_sink-1``;
-    2. the ``n_large`` non-sink positions with the largest ``reserve_key``, by descending key;
-    3. ``n_fill`` of the rest, by descending ``fill_key`` (``fill_key / noise`` when ``noise``
+    2. the ``n_large`` non-sink positions with the largest ``reserve_key``, by descending key
+       (with ``reserve_count``, ``[...]`` int64 in ``[0, n_large]``: only that many per row);
+    3. the rest of the row, ``n_fill`` (plus the reserved slots a row did not use) of the
+       remaining positions, by descending ``fill_key`` (``fill_key / noise`` when ``noise``
        is given).
 
     With ``noise`` drawn i.i.d. Exp(1), step 3 is sampling without replacement in
@@ -127,18 +153,28 @@ def select(
     pos = torch.arange(c, device=fill_key.device)
     eligible = (pos >= n_sink).expand(fill_key.shape).clone()
     parts = [pos[:n_sink].expand(*fill_key.shape[:-1], n_sink)]
+    reserved = None
     if n_large > 0:
         if reserve_key is None:
             raise ValueError("n_large > 0 needs a reserve_key")
         masked = reserve_key.float().masked_fill(~eligible, float("-inf"))
         reserved = torch.sort(masked, dim=-1, descending=True, stable=True).indices[..., :n_large]
-        eligible.scatter_(-1, reserved, False)
-        parts.append(reserved)
+        taken = None if reserve_count is None else torch.arange(n_large, device=pos.device) < reserve_count[..., None]
+        eligible.scatter_(-1, reserved, False if taken is None else ~taken)
     key = fill_key.float()
     if noise is not None:
         key = key / noise.float()
     key = key.masked_fill(~eligible, float("-inf"))
-    parts.append(torch.sort(key, dim=-1, descending=True, stable=True).indices[..., :n_fill])
+    fill = torch.sort(key, dim=-1, descending=True, stable=True).indices[..., : n_fill + n_large]
+    if reserved is None or reserve_count is None:
+        parts += ([] if reserved is None else [reserved]) + [fill[..., :n_fill]]
+        return torch.cat(parts, dim=-1)
+    # A row's first reserve_count slots come from the reservation, the rest from the fill.
+    j = torch.arange(n_large + n_fill, device=pos.device)
+    count = reserve_count[..., None]
+    from_fill = fill.gather(-1, (j - count).clamp_min(0).expand(fill.shape))
+    from_reserve = torch.cat([reserved, fill[..., :n_fill]], dim=-1)  # only j < count is read
+    parts.append(torch.where(j < count, from_reserve, from_fill))
     return torch.cat(parts, dim=-1)
 
 

@@ -1,8 +1,9 @@
 """Triton kernel: choose the kept candidates of each (request, layer, KV head) row.
 
 Order of the output (the same as ``reference.select``): sinks, then the reserved top
-``n_large`` by ``reserve_key``, then ``n_fill`` by ``fill_key / noise`` (sampling without
-replacement when ``noise`` is Exp(1), i.e. Gumbel-top-k), each by descending key.
+``n_large`` by ``reserve_key`` (or a per-row ``reserve_count`` of them), then ``n_fill`` (plus
+the reserved slots a row left) by ``fill_key / noise`` (sampling without replacement when
+``noise`` is Exp(1), i.e. Gumbel-top-k), each by descending key.
 
 One program per row sorts the whole row once per stage. Each key is packed into an int64
 as (order-preserving float bits << 32 | ~position), so a single integer sort gives a
@@ -40,9 +41,9 @@ def _unpack_pos(packed):
 
 @triton.jit(do_not_specialize=["C", "n_sink", "n_large", "n_fill", "n_out"])
 def _select_kernel(
-    fill_ptr, reserve_ptr, noise_ptr, out_ptr,
+    fill_ptr, reserve_ptr, noise_ptr, count_ptr, out_ptr,
     C, n_sink, n_large, n_fill, n_out,
-    HAS_RESERVE: tl.constexpr, HAS_NOISE: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESERVE: tl.constexpr, HAS_NOISE: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -50,19 +51,23 @@ def _select_kernel(
     eligible = valid & (offs >= n_sink)
     out_row = out_ptr + row * n_out
     tl.store(out_row + offs, offs.to(tl.int64), mask=offs < n_sink)
+    # The reserved slots this row takes; the fill takes the ones it leaves.
+    n_res = n_large
+    if HAS_COUNT:
+        n_res = tl.load(count_ptr + row).to(tl.int64)
     if HAS_RESERVE:
         res = tl.load(reserve_ptr + row * C + offs, mask=valid, other=0.0).to(tl.float32)
         packed = _pack(_orderable(res), offs, eligible)
         ranked = tl.sort(packed, descending=True)
-        tl.store(out_row + n_sink + offs, _unpack_pos(ranked), mask=offs < n_large)
-        # The n_large-th packed key is a threshold: packed keys are unique.
-        threshold = tl.max(tl.where(offs == n_large - 1, ranked, -9223372036854775807), axis=0)
-        eligible = eligible & ~((packed >= threshold) & (n_large > 0))
+        tl.store(out_row + n_sink + offs, _unpack_pos(ranked), mask=offs < n_res)
+        # The n_res-th packed key is a threshold: packed keys are unique.
+        threshold = tl.max(tl.where(offs == n_res - 1, ranked, -9223372036854775807), axis=0)
+        eligible = eligible & ~((packed >= threshold) & (n_res > 0))
     key = tl.load(fill_ptr + row * C + offs, mask=valid, other=0.0).to(tl.float32)
     if HAS_NOISE:
         key = key / tl.load(noise_ptr + row * C + offs, mask=valid, other=1.0).to(tl.float32)
     ranked = tl.sort(_pack(_orderable(key), offs, eligible), descending=True)
-    tl.store(out_row + n_sink + n_large + offs, _unpack_pos(ranked), mask=offs < n_fill)
+    tl.store(out_row + n_sink + n_res + offs, _unpack_pos(ranked), mask=offs < n_fill + n_large - n_res)
 
 
 def select(
@@ -72,6 +77,7 @@ def select(
     n_fill: int,
     reserve_key: torch.Tensor | None = None,
     noise: torch.Tensor | None = None,
+    reserve_count: torch.Tensor | None = None,
 ) -> torch.Tensor:
     c = fill_key.shape[-1]
     if n_sink + n_large + n_fill > c:
@@ -84,7 +90,11 @@ def select(
     out = torch.empty((rows.shape[0], n_out), dtype=torch.int64, device=fill_key.device)
     reserve = reserve_key.reshape(-1, c).contiguous() if (n_large > 0 and reserve_key is not None) else rows
     noise_rows = noise.reshape(-1, c).contiguous() if noise is not None else rows
+    counts, has_count = out, False  # ``out`` stands in for the pointer when rows have no counts
+    if n_large > 0 and reserve_count is not None:
+        counts, has_count = reserve_count.reshape(-1).to(torch.int64).contiguous(), True
     if rows.shape[0] > 0:
-        launch(_select_kernel, (rows.shape[0],), rows, reserve, noise_rows, out, c, n_sink, n_large, n_fill, n_out,
-               HAS_RESERVE=n_large > 0, HAS_NOISE=noise is not None, BLOCK=triton.next_power_of_2(c))
+        launch(_select_kernel, (rows.shape[0],), rows, reserve, noise_rows, counts, out, c, n_sink, n_large, n_fill,
+               n_out, HAS_RESERVE=n_large > 0, HAS_NOISE=noise is not None, HAS_COUNT=has_count,
+               BLOCK=triton.next_power_of_2(c))
     return out.reshape(*lead, n_out)

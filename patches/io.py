@@ -12,8 +12,10 @@ Main process:
 Scheduler process:
 
 * ``Scheduler.get_output_streamer_class`` REPLACE: send ``kv_region_len``,
-  ``kv_evicted_tokens``, ``kv_eviction_rounds`` and ``kv_reprefilled_tokens`` (per
-  retraction, the generated tokens re-prefilled, comma-separated) with every output.
+  ``kv_evicted_tokens``, ``kv_eviction_rounds``, ``kv_reprefilled_tokens`` (per
+  retraction, the generated tokens re-prefilled, comma-separated), ``kv_policy`` (the
+  policy the request runs) and ``kv_policy_reason`` (why: the server's flag, the
+  request's field, or ``auto``'s calibration) with every output.
 * ``SchedulerInternalStateController.get_internal_state`` AFTER: live totals, which
   ``/kv_policy`` reads through SGLang's own internal-state request.
 """
@@ -25,14 +27,22 @@ import os
 from typing import Any
 
 from vase_sglang import scheduler
-from vase_sglang.options import VALIDATED_KEY, exported_config, stamp_validated, validate_request
+from vase_sglang.options import (
+    VALIDATED_KEY,
+    exported_auto,
+    exported_config,
+    server_reason,
+    stamp_validated,
+    validate_with_reason,
+)
 
 from .hooks import AFTER, AROUND, BEFORE, REPLACE, hook
 
 logger = logging.getLogger("vase_sglang.patches.io")
 
 COUNTER_KEYS = ("kv_region_len", "kv_evicted_tokens", "kv_eviction_rounds", "kv_reprefilled_tokens")
-META_KEYS = (*COUNTER_KEYS, "kv_prefix_digests")
+CHOICE_KEYS = ("kv_policy", "kv_policy_reason")
+META_KEYS = (*COUNTER_KEYS, *CHOICE_KEYS, "kv_prefix_digests")
 
 
 @hook("sglang.srt.sampling.sampling_params.SamplingParams.verify", AFTER)
@@ -41,9 +51,10 @@ def _verify_custom_params(result: Any, params: Any, *args: Any, **kwargs: Any) -
     if isinstance(custom, dict):
         custom.pop(VALIDATED_KEY, None)  # only this hook writes it: a client's copy is not trusted
     if custom:
-        cfg, seed = validate_request(exported_config(), custom)  # PolicyConfigError is a ValueError -> 400
+        # PolicyConfigError is a ValueError -> 400
+        cfg, seed, reason = validate_with_reason(exported_config(), custom, exported_auto())
         if isinstance(custom, dict) and any(str(k).startswith("kv_") for k in custom):
-            stamp_validated(custom, cfg, seed)
+            stamp_validated(custom, cfg, seed, reason)
 
 
 @hook("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", AROUND)
@@ -58,6 +69,13 @@ def _scalar_meta(original, manager: Any, meta_info: dict, *args: Any, **kwargs: 
 def _meta_for(req: Any) -> tuple[int, int, int, str]:
     sched = scheduler.current()
     return sched.counters(req) if sched is not None else (max(0, len(req.output_ids) - 1), 0, 0, "")
+
+
+def _choice_for(req: Any) -> tuple[str, str]:
+    sched = scheduler.current()
+    if sched is not None:
+        return sched.policy_choice(req)
+    return exported_config().policy, server_reason(exported_config(), exported_auto())
 
 
 def _digests(req: Any) -> str:
@@ -76,6 +94,9 @@ def _streamer_class() -> type:
             values = [_meta_for(r) for r in reqs]
             for j, key in enumerate(COUNTER_KEYS):
                 base[key] = [[v[j]] for v in values]
+            choices = [_choice_for(r) for r in reqs]
+            for j, key in enumerate(CHOICE_KEYS):
+                base[key] = [[c[j]] for c in choices]
             if os.environ.get("VASE_SGLANG_DEBUG_DIGEST") == "1":
                 base["kv_prefix_digests"] = [[_digests(r)] for r in reqs]
             return base
@@ -112,7 +133,10 @@ async def kv_policy_route() -> dict[str, Any]:
         counted = [r for r in per_rank if r.get("counted_in_totals", True)]  # one rank per TP group
         live = {k: sum(r.get(k) or 0 for r in counted) for k in ("eviction_rounds", "tokens_evicted")}
         live["per_rank"] = per_rank
-    return {"policy": cfg.policy, "config": cfg.to_dict(), "totals": live}
+    auto = exported_auto()
+    choice = None if auto is None else {"table": auto.to_dict(), "at_server_budget": auto.choose(cfg.budget).reason}
+    return {"policy": "auto" if auto is not None else cfg.policy, "config": cfg.to_dict(), "auto": choice,
+            "totals": live}
 
 
 def add_kv_policy_route() -> None:

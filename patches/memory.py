@@ -23,8 +23,8 @@ import torch
 
 from vase_sglang import scheduler
 from vase_sglang.kernels import ops
-from vase_sglang.options import exported_config, exported_seed
-from vase_sglang.policies import POLICIES, RoundShape
+from vase_sglang.options import captures_queries, exported_auto, exported_config, exported_seed
+from vase_sglang.policies import RoundShape
 from vase_sglang.scheduler import (
     MAX_ROUND_BATCH,
     VaseScheduler,
@@ -58,18 +58,17 @@ def _one_allocation(original, pool: Any, *args: Any, **kwargs: Any) -> None:
     pool.v_buffer = [fused[layer, 1, :rows] for layer in range(pool.layer_num)]
 
 
-def ring_bytes_per_request(model_config: Any, tp_size: int) -> int:
+def ring_bytes_per_request(model_config: Any, tp_size: int, itemsize: int) -> int:
     cfg = exported_config()
     heads = model_config.num_attention_heads // max(1, tp_size)
-    itemsize = torch.empty((), dtype=model_config.dtype).element_size()
-    return query_ring_bytes_per_request(cfg, model_config.num_hidden_layers, heads, model_config.head_dim, itemsize)
+    return query_ring_bytes_per_request(cfg, model_config.num_hidden_layers, heads, model_config.head_dim, itemsize,
+                                        exported_auto())
 
 
-def round_shape(model_config: Any, tp_size: int, n_req: int) -> RoundShape:
+def round_shape(model_config: Any, tp_size: int, n_req: int, itemsize: int) -> RoundShape:
     """A round's geometry on one TP rank, from the model config (before the pool exists)."""
     total_kv = model_config.get_total_num_kv_heads()
     kv_heads = max(1, total_kv // max(1, tp_size))
-    itemsize = torch.empty((), dtype=model_config.dtype).element_size()
     return RoundShape(n_req=n_req, n_layers=model_config.num_hidden_layers,
                       q_heads=model_config.num_attention_heads // max(1, tp_size), kv_heads=kv_heads,
                       head_dim=model_config.head_dim, itemsize=itemsize, total_kv_heads=total_kv)
@@ -85,8 +84,12 @@ def _reserve_policy_memory(original, configurator: Any, *args: Any, **kwargs: An
 
     server_args = get_context().server_args
     rows = (server_args.max_running_requests or 0) + 1
-    ring = rows * ring_bytes_per_request(configurator.model_config, server_args.tp_size)
-    workspace = round_workspace_bytes(cfg, round_shape(configurator.model_config, server_args.tp_size, rows))
+    # The ring and a round's scratch take the KV pool's dtype, not the model's: an fp32
+    # --kv-cache-dtype under a bf16 model doubles them.
+    itemsize = configurator.kv_cache_dtype.itemsize
+    ring = rows * ring_bytes_per_request(configurator.model_config, server_args.tp_size, itemsize)
+    workspace = round_workspace_bytes(cfg, round_shape(configurator.model_config, server_args.tp_size, rows, itemsize),
+                                      exported_auto())
     logger.info("vase-sglang: reserving %.1f MiB for the query ring and %.1f MiB for round temporaries "
                 "(up to %d regions per launch) before the KV pool is sized", ring / 2**20, workspace / 2**20,
                 MAX_ROUND_BATCH)
@@ -137,9 +140,10 @@ def _build_runtime(result: Any, model_runner: Any, *args: Any, **kwargs: Any) ->
              f"{shard.kv_heads} (attention TP {parallel.attn_tp_size})")
     q_heads = shard.q_heads
     rows = model_runner.req_to_token_pool.size + 1
-    capture = POLICIES[cfg.policy].needs_queries
+    auto = exported_auto()
     scheduler.install(VaseScheduler(cfg, exported_seed(), k_buf, v_buf, model_runner.req_to_token_pool, q_heads,
-                                    capture_queries=capture, head_offset=shard.kv_head_offset,
+                                    capture_queries=captures_queries(cfg, auto), auto=auto,
+                                    head_offset=shard.kv_head_offset,
                                     total_kv_heads=shard.total_kv_heads,
                                     # Each KV head's replicas and every TP rank run the same rounds:
                                     # count them once, on the first attention-TP rank.
@@ -148,10 +152,10 @@ def _build_runtime(result: Any, model_runner: Any, *args: Any, **kwargs: Any) ->
     assert sched is not None
     if ops.resolve_backend(k_buf.device) == "triton":
         sched.warm_up()  # compile now, not in the middle of a decode step
-    per_request = query_ring_bytes_per_request(cfg, k_buf.shape[0], q_heads, head_dim, k_buf.element_size())
+    per_request = query_ring_bytes_per_request(cfg, k_buf.shape[0], q_heads, head_dim, k_buf.element_size(), auto)
     shape = RoundShape(n_req=rows, n_layers=k_buf.shape[0], q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
                        itemsize=k_buf.element_size(), total_kv_heads=shard.total_kv_heads)
-    workspace = round_workspace_bytes(cfg, shape)
+    workspace = round_workspace_bytes(cfg, shape, auto)
     logger.info(
         "vase-sglang: policy %s, budget %d + recent %d slots per request, layer and KV head; "
         "query ring %d bytes per request x %d request slots = %.1f MiB, round temporaries %.1f MiB "

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from vase_sglang.auto import AutoTable
 from vase_sglang.config import PolicyConfig, PolicyConfigError
-from vase_sglang.options import add_cli_flags, config_from_flags, export_config, exported_config, seed_from_flag
+from vase_sglang.options import add_cli_flags, export_config, exported_config, server_options
 
 from .hooks import AFTER, AROUND, fail, hook
 
@@ -29,7 +31,8 @@ SUPPORTED_BACKENDS = ("torch_native", "triton", "flashinfer")
 SUPPORTED_KV_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32")
 # Query-ring rows are allocated per request slot; without a user value, cap the slots.
 DEFAULT_MAX_RUNNING_REQUESTS = 128
-ENGINE_KWARGS = ("kv_policy", "kv_budget", "kv_recent", "kv_seed", "kv_policy_config")
+POST_CAPTURE_KV_SIZING = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"
+ENGINE_KWARGS = ("kv_policy", "kv_budget", "kv_recent", "kv_seed", "kv_policy_config", "kv_calibration")
 
 
 @hook("sglang.srt.arg_groups.arg_utils.add_cli_args_from_dataclass", AFTER)
@@ -103,6 +106,11 @@ def policy_overrides(given: Any, cfg: PolicyConfig) -> dict[str, Any]:
         logger.info("vase-sglang: --kv-policy %s turns off the overlap scheduler", cfg.policy)
     if value("max_running_requests") is None:
         changes["max_running_requests"] = DEFAULT_MAX_RUNNING_REQUESTS
+    if not value("disable_prefill_cuda_graph") and value("cuda_graph_backend_prefill") is None:
+        # SGLang captures prefills in breakable CUDA graphs by default on CUDA; the hook that
+        # records a prefill's last R queries syncs with the host, so prefills run eagerly.
+        # Decode graphs stay on.
+        changes["disable_prefill_cuda_graph"] = True
     return changes
 
 
@@ -112,11 +120,14 @@ def _adjust_for_policy(server_args: Any, cfg: PolicyConfig) -> None:
         setattr(server_args, name, value)
 
 
-def options_or_exit(policy: str | None, budget: Any, recent: Any, seed: Any,
-                    policy_config: Any) -> tuple[PolicyConfig, int | None]:
-    """The server's policy and --kv-seed from flag values; a bad one stops the process."""
+def options_or_exit(flags: Mapping[str, Any], model_path: str | None) -> tuple[PolicyConfig, int | None,
+                                                                             AutoTable | None]:
+    """The server's policy, --kv-seed and auto table from the ``kv_*`` flag values (keyed
+    as ``ENGINE_KWARGS``); a bad one stops the process."""
     try:
-        return config_from_flags(policy or "none", budget, recent, policy_config), seed_from_flag(seed)
+        return server_options(flags.get("kv_policy"), flags.get("kv_budget"), flags.get("kv_recent"),
+                              flags.get("kv_seed"), flags.get("kv_policy_config"), flags.get("kv_calibration"),
+                              model_path)
     except PolicyConfigError as exc:
         fail(str(exc))
         raise  # unreachable
@@ -125,12 +136,16 @@ def options_or_exit(policy: str | None, budget: Any, recent: Any, seed: Any,
 @hook("sglang.srt.server_args.prepare_server_args", AROUND)
 def _prepare_server_args(original, argv: list[str], *args: Any, **kwargs: Any) -> Any:
     ns = _parse_flags(list(argv))
-    cfg, seed = options_or_exit(ns.kv_policy, ns.kv_budget, ns.kv_recent, ns.kv_seed, ns.kv_policy_config)
     server_args = original(argv, *args, **kwargs)
-    export_config(cfg, seed)
+    cfg, seed, auto = options_or_exit(vars(ns), getattr(server_args, "model_path", None))
+    export_config(cfg, seed, auto)
     _adjust_for_policy(server_args, cfg)
     if cfg.evicts:
         logger.info("vase-sglang: KV policy %s, --kv-seed %s", cfg.to_dict(), "per request" if seed is None else seed)
+    if auto is not None:
+        logger.info("vase-sglang: --kv-policy auto from %s: %s; at --kv-budget %d: %s", auto.source,
+                    {b: c.get("label") or c["policy"] for b, c in sorted(auto.by_budget.items())} or "built-in",
+                    cfg.budget, auto.choose(cfg.budget).reason)
     return server_args
 
 
@@ -139,10 +154,9 @@ def engine_server_args(server_args_class: type):
 
     def factory(**kwargs: Any) -> Any:
         flags = {name: kwargs.pop(name, None) for name in ENGINE_KWARGS}
-        cfg, seed = options_or_exit(flags["kv_policy"], flags["kv_budget"], flags["kv_recent"], flags["kv_seed"],
-                                    flags["kv_policy_config"])
+        cfg, seed, auto = options_or_exit(flags, kwargs.get("model_path"))
         server_args = server_args_class(**kwargs)
-        export_config(cfg, seed)
+        export_config(cfg, seed, auto)
         _adjust_for_policy(server_args, cfg)
         return server_args
 
@@ -151,8 +165,8 @@ def engine_server_args(server_args_class: type):
     return factory
 
 
-def unsupported_reasons(cfg: Any) -> list[str]:
-    """What a resolved server config has that the eviction path cannot run with."""
+def unsupported_reasons(cfg: Any, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """What a resolved server config (and the environment) has that the eviction path cannot run with."""
     reasons = []
     if getattr(cfg, "speculative_algorithm", None):
         reasons.append(f"--speculative-algorithm {cfg.speculative_algorithm} (speculative decoding)")
@@ -173,6 +187,13 @@ def unsupported_reasons(cfg: Any) -> list[str]:
         if backend is not None and backend not in SUPPORTED_BACKENDS:
             flag = "--" + name.replace("_", "-")
             reasons.append(f"{flag} {backend} (supported: {', '.join(SUPPORTED_BACKENDS)})")
+    prefill_graph = getattr(cfg, "cuda_graph_backend_prefill", None)
+    if prefill_graph is not None and str(getattr(prefill_graph, "value", prefill_graph)) != "disabled":
+        reasons.append(f"--cuda-graph-backend-prefill {getattr(prefill_graph, 'value', prefill_graph)} "
+                       "(the prefill query hook cannot be captured; decode CUDA graphs are supported)")
+    if environ.get(POST_CAPTURE_KV_SIZING, "").strip().lower() in ("1", "true", "yes", "on"):
+        # The pool's per-layer buffers are then backed after graph capture, not one allocation.
+        reasons.append(f"{POST_CAPTURE_KV_SIZING}=1 (KV buffers sized after graph capture)")
     return reasons
 
 

@@ -17,6 +17,13 @@ def test_defaults_follow_the_paper() -> None:
     assert cfg.region_size == 4160 and cfg.keep_candidates == 4032
 
 
+def test_outlier_factor_is_off_by_default_and_survives_a_replace() -> None:
+    assert PolicyConfig().outlier_factor is None  # the paper's fixed B/4 reservation
+    cfg = PolicyConfig(budget=2048, outlier_factor=5.0)
+    assert cfg.replace(budget=1024).outlier_factor == 5.0 and cfg.to_dict()["outlier_factor"] == 5.0
+    assert PolicyConfig.from_json('{"outlier_factor": 8}').outlier_factor == 8
+
+
 def test_n_large_follows_budget_unless_given() -> None:
     assert PolicyConfig(budget=2048).large == 512
     assert PolicyConfig(budget=2048, n_large=100).large == 100
@@ -43,6 +50,10 @@ def test_n_large_follows_budget_unless_given() -> None:
         ({"rkv_lambda": 1.5}, "rkv_lambda", "[0, 1.0]"),
         ({"budget": "4096"}, "budget", "integer"),
         ({"budget": True}, "budget", "integer"),
+        ({"outlier_factor": 1.0}, "outlier_factor", "> 1"),
+        ({"outlier_factor": -2}, "outlier_factor", "> 0"),
+        ({"outlier_factor": float("inf")}, "outlier_factor", "finite"),
+        ({"outlier_factor": "5"}, "outlier_factor", "a number"),
     ],
 )
 def test_invalid_values_name_field_value_and_allowed(kwargs: dict, field: str, needle: str) -> None:

@@ -103,13 +103,19 @@ def test_sglang_replay_copies_what_the_hooks_change() -> None:
     """The upstream behaviour the graph safety relies on, read from sglang 0.5.23."""
     pytest.importorskip("sglang")
     runner = "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner"
-    # Positions come from the ForwardBatch (where the logical shift was applied) at each replay.
-    assert "self.buffers.positions[: self.raw_num_token].copy_(forward_batch.positions)" in _source(
-        runner + "._copy_replay_inputs")
-    # seq_lens and req_pool_indices are copied from the live batch; padded rows are zeros.
+    # Each replay loads the live ForwardBatch into the graph's buffers through the registry
+    # (_copy_replay_inputs is only the pre-planned speculative path).
+    assert "self.buffer_registry.fill_from(\n            forward_batch," in _source(runner + ".load_batch")
+    # The decode registry copies positions (where the logical shift was applied), seq_lens and
+    # req_pool_indices from the ForwardBatch (copy_from_fb defaults to True); padded lanes get
+    # position 0, row 0 and SGLang's fill length.
     registry = _source("sglang.srt.model_executor.cuda_graph_buffer_registry")
-    assert re.search(r'GraphSlot\(\s*"req_pool_indices",[^)]*padding_policy=PaddingPolicy\.ZERO', registry)
-    assert re.search(r'GraphSlot\(\s*"seq_lens",', registry)
+    assert re.search(r"copy_from_fb: bool = True", registry)
+    decode_slots = _source("sglang.srt.model_executor.cuda_graph_buffer_registry:build_decode_registry")
+    for slot, padding in (("positions", "ZERO"), ("req_pool_indices", "ZERO"), ("seq_lens", "FILL_SENTINEL")):
+        found = re.search(rf'GraphSlot\(\s*"{slot}",[^)]*\)', decode_slots)
+        assert found and f"padding_policy=PaddingPolicy.{padding}" in found.group(0), slot
+        assert "copy_from_fb=False" not in found.group(0), slot
     # Row 0 of req_to_token is never handed to a request: padded rows write only there.
     assert "list(range(1, self._alloc_size))" in _source("sglang.srt.mem_cache.memory_pool:ReqToTokenPool")
     # The adapter (and its query hook) exists before the graphs are captured.

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 def test_help_lists_kv_flags() -> None:
     out = launch("--help")
     assert out.returncode == 0, out.stderr[-2000:]
-    for flag in ("--kv-policy", "--kv-budget", "--kv-recent", "--kv-seed", "--kv-policy-config"):
+    for flag in ("--kv-policy", "--kv-budget", "--kv-recent", "--kv-seed", "--kv-policy-config", "--kv-calibration"):
         assert flag in out.stdout
 
 

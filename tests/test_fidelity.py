@@ -106,7 +106,10 @@ def test_sweep_arms_cover_policies_seeds_and_the_pilot() -> None:
     labels = {a.label for a in arms}
     assert "vase B=64 s2" in labels and "snapkv B=128 s0" in labels and "snapkv B=128 s1" not in labels
     pilot = [a for a in arms if a.group == "pilot"]
-    assert {(a.policy, a.n_large) for a in pilot} == {("evict-large", None), ("vase", 0), ("vase", 16), ("vase", 64)}
+    assert {(a.policy, a.n_large, a.outlier_factor) for a in pilot} == {
+        ("evict-large", None, None), ("vase", 0, None), ("vase", 16, None), ("vase", 64, None), ("vase", None, 5.0)}
+    assert "vase B=128 outlier_factor=5 s0" in labels and next(
+        a for a in pilot if a.outlier_factor).build(32).config.outlier_factor == 5.0
 
 
 def test_kl_agreement_and_nll_by_hand() -> None:

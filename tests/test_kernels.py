@@ -104,6 +104,39 @@ def test_select_indices_exact(c: int, with_noise: bool) -> None:
     # Without a reserve stage as well.
     got = ops.select(args[0], n_sink, 0, n_fill, None, args[2], backend="triton")
     assert torch.equal(got, reference.select(args[0], n_sink, 0, n_fill, None, args[2]))
+    # Per-row reserve counts (outlier_factor), 0 and n_large among them.
+    counts = torch.randint(0, n_large + 1, rows, generator=g)
+    counts.view(-1)[0], counts.view(-1)[-1] = 0, n_large
+    got = ops.select(args[0], n_sink, n_large, n_fill, args[1], args[2], counts.to(DEVICE), backend="triton")
+    assert torch.equal(got, reference.select(args[0], n_sink, n_large, n_fill, args[1], args[2], counts.to(DEVICE)))
+
+
+def test_select_with_reserve_counts_takes_the_unused_slots_from_the_fill() -> None:
+    g = torch.Generator().manual_seed(5)
+    fill, reserve = torch.rand(3, 40, generator=g), torch.rand(3, 40, generator=g)
+    noise = torch.empty(3, 40).exponential_(generator=g)
+    n_sink, n_large, n_fill = 4, 8, 12
+    full = reference.select(fill, n_sink, n_large, n_fill, reserve, noise)
+    none_reserved = reference.select(fill, n_sink, 0, n_fill + n_large, None, noise)
+    got = reference.select(fill, n_sink, n_large, n_fill, reserve, noise, torch.tensor([n_large, 0, 3]))
+    assert torch.equal(got[0], full[0])  # every reserved slot used: the fixed reservation
+    assert torch.equal(got[1], none_reserved[1])  # none used: pure sampling, in draw order
+    # Three reserved (the top three by reserve key), then the fill's draw without them.
+    assert torch.equal(got[2, : n_sink + 3], full[2, : n_sink + 3])
+    rest = reference.select(fill[2:], n_sink, 3, n_fill + n_large - 3, reserve[2:], noise[2:])[0, n_sink + 3:]
+    assert torch.equal(got[2, n_sink + 3:], rest)
+    assert all(len(set(row.tolist())) == n_sink + n_large + n_fill for row in got)
+
+
+def test_outlier_count_counts_values_far_above_their_head_median() -> None:
+    stat = torch.ones(2, 3, 50)
+    stat[0, 0, [10, 20, 30]] = 20.0  # three planted outliers
+    stat[0, 1, :4] = 100.0  # large values on the sinks do not count
+    stat[1, 2, 5:45] = 30.0  # a row that is mostly large has a large median: nothing stands out
+    counts = reference.outlier_count(stat, n_sink=4, factor=5.0, cap=12)
+    assert counts.tolist() == [[3, 0, 0], [0, 0, 0]]
+    assert reference.outlier_count(stat * 0, 4, 5.0, 12).sum() == 0  # all-zero values reserve nothing
+    assert reference.outlier_count(stat, 4, 5.0, 2)[0, 0] == 2  # capped at n_large
 
 
 @pytest.mark.parametrize("shape", SHAPES)

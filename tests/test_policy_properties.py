@@ -19,7 +19,7 @@ STOCHASTIC = [name for name, cls in POLICIES.items() if cls.stochastic or name =
 
 
 @st.composite
-def configs(draw: st.DrawFn, policy: str | None = None) -> PolicyConfig:
+def configs(draw: st.DrawFn, policy: str | None = None, fixed_reservation: bool = False) -> PolicyConfig:
     recent = draw(st.sampled_from([2, 4, 8]))
     sinks = draw(st.integers(0, 4))
     budget = recent * draw(st.integers(max(2, math.ceil((sinks + recent + 1) / recent)), 8))
@@ -30,6 +30,7 @@ def configs(draw: st.DrawFn, policy: str | None = None) -> PolicyConfig:
         value_stat=draw(st.sampled_from(["range", "l2", "variance", "absmax"])),
         smoothing_kernel=draw(st.sampled_from([1, 3, 5])),
         sketch_rank=draw(st.integers(1, 6)),
+        outlier_factor=None if fixed_reservation else draw(st.sampled_from([None, 1.5, 5.0])),
     )
 
 
@@ -62,7 +63,7 @@ def test_kept_sets_have_budget_slots_sinks_and_recent(cfg: PolicyConfig, shape: 
 
 
 @FAST
-@given(cfg=configs(policy="vase"), shape=shapes)
+@given(cfg=configs(policy="vase", fixed_reservation=True), shape=shapes)
 def test_vase_keeps_top_n_large_by_value_statistic(cfg: PolicyConfig, shape: dict) -> None:
     regions = random_regions(cfg, **shape)
     keep = make_policy(cfg, backend="torch").select(regions)
@@ -75,6 +76,48 @@ def test_vase_keeps_top_n_large_by_value_statistic(cfg: PolicyConfig, shape: dic
     want_vals = torch.gather(stat, -1, top).sort(-1, descending=True).values
     assert torch.equal(got_vals, want_vals)
     assert (got_vals[..., :-1] >= got_vals[..., 1:]).all()
+
+
+@FAST
+@given(cfg=configs(policy="vase"), shape=shapes)
+def test_vase_with_outlier_factor_reserves_exactly_the_outliers(cfg: PolicyConfig, shape: dict) -> None:
+    cfg = cfg.replace(outlier_factor=cfg.outlier_factor or 3.0)
+    regions = random_regions(cfg, **shape)
+    keep = make_policy(cfg, backend="torch").select(regions)
+    stat = reference.value_stat(regions.v_buf, regions.candidates(cfg.recent), cfg.value_stat)
+    body = stat[..., cfg.sinks:]
+    outlier = (body >= cfg.outlier_factor * body.median(-1, keepdim=True).values) & (body > 0)
+    counts = outlier.sum(-1).clamp_max(cfg.large)
+    flat_keep, flat_stat = keep.reshape(-1, cfg.budget), stat.reshape(-1, stat.shape[-1])
+    for row, st_row, n, is_out in zip(flat_keep, flat_stat, counts.reshape(-1), outlier.reshape(-1, body.shape[-1]),
+                                      strict=True):
+        reserved = row[cfg.sinks : cfg.sinks + int(n)]
+        # The reserved block holds n outliers by descending statistic (all of them when they fit) ...
+        assert is_out[reserved - cfg.sinks].all()
+        assert (st_row[reserved][:-1] >= st_row[reserved][1:]).all()
+        if int(is_out.sum()) <= cfg.large:
+            assert set((is_out.nonzero().squeeze(-1) + cfg.sinks).tolist()) == set(reserved.tolist())
+
+
+def test_planted_outliers_are_all_kept_and_a_region_without_reserves_nothing() -> None:
+    """Values with 20x the usual range are reserved (kept whatever their attention); a region
+    without such values reserves none, so VaSE becomes pure attention sampling there."""
+    cfg = PolicyConfig(policy="vase", budget=64, recent=16, outlier_factor=5.0)
+    regions = random_regions(cfg, n_req=2, n_layers=2, kv_heads=2, head_dim=16, seed=3)
+    regions.v_buf.clamp_(-1.5, 1.5)  # no outliers anywhere (the helper plants 4x ones)
+    plain = make_policy(cfg, backend="torch").select(regions)
+    no_reservation = make_policy(cfg.replace(n_large=0, outlier_factor=None), backend="torch").select(regions)
+    assert torch.equal(plain, no_reservation)
+    # Plant outliers in request 0, layer 1, head 0: positions 9, 17, 33 of its candidates.
+    planted = [9, 17, 33]
+    slots = regions.slots[0, planted]
+    regions.v_buf[1, slots, 0] *= 20.0
+    keep = make_policy(cfg, backend="torch").select(regions)
+    assert keep[0, 1, 0, cfg.sinks : cfg.sinks + 3].sort().values.tolist() == planted
+    assert torch.equal(keep[1], no_reservation[1]) and torch.equal(keep[0, 0], no_reservation[0, 0])
+    # The fixed reservation of the paper also keeps them, but spends B/4 = 16 slots on it.
+    fixed = make_policy(cfg.replace(outlier_factor=None), backend="torch").select(regions)
+    assert set(planted) <= set(fixed[0, 1, 0].tolist())
 
 
 @settings(max_examples=25, deadline=None)

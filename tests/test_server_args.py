@@ -19,6 +19,7 @@ VASE = PolicyConfig(policy="vase", budget=128, recent=32)
 
 def _args(**given) -> SimpleNamespace:
     fields = {"device": None, "disable_overlap_schedule": False, "max_running_requests": None,
+              "disable_prefill_cuda_graph": False, "cuda_graph_backend_prefill": None,
               **{name: None for name in sa.BACKEND_FIELDS}}
     return SimpleNamespace(**{**fields, **given})
 
@@ -77,3 +78,27 @@ def test_frontend_runtime_kwargs_get_the_same_default(monkeypatch: pytest.Monkey
     assert "kv_policy" not in kwargs
     assert runtime_kwargs({"model_path": "m", "kv_policy": "vase", "kv_budget": 128, "kv_recent": 32,
                            "attention_backend": "flashinfer"})["attention_backend"] == "flashinfer"
+
+
+def test_prefill_graphs_are_off_and_an_explicit_one_is_refused() -> None:
+    """On CUDA SGLang captures prefills in breakable graphs by default; the prefill query hook
+    syncs with the host, so an evicting server runs prefills eagerly (decode graphs stay on)."""
+    args = _args()
+    sa._adjust_for_policy(args, VASE)
+    assert args.disable_prefill_cuda_graph is True and sa.unsupported_reasons(args, environ={}) == []
+    stock = _args()
+    sa._adjust_for_policy(stock, PolicyConfig(policy="none"))
+    assert stock.disable_prefill_cuda_graph is False
+    for backend in ("breakable", "full"):
+        explicit = _args(cuda_graph_backend_prefill=backend)
+        sa._adjust_for_policy(explicit, VASE)
+        assert explicit.disable_prefill_cuda_graph is False  # the user's choice is not overwritten...
+        (reason,) = sa.unsupported_reasons(explicit, environ={})  # ...but refused, naming it
+        assert reason.startswith(f"--cuda-graph-backend-prefill {backend} (the prefill query hook")
+    assert sa.unsupported_reasons(_args(cuda_graph_backend_prefill="disabled"), environ={}) == []
+
+
+def test_post_capture_kv_sizing_is_refused() -> None:
+    for value, refused in (("1", True), ("true", True), ("0", False), ("", False)):
+        reasons = sa.unsupported_reasons(_args(attention_backend="triton"), environ={sa.POST_CAPTURE_KV_SIZING: value})
+        assert bool(reasons) is refused, (value, reasons)

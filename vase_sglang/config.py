@@ -72,6 +72,10 @@ class PolicyConfig:
     sinks: int = 4
     # None means the paper's default, budget // 4. Sinks are not counted in n_large.
     n_large: int | None = None
+    # None: reserve n_large slots whatever the values hold (the paper). A number k > 1:
+    # reserve, up to n_large, only the candidates whose value statistic is at least k times
+    # the median of their (layer, KV head)'s candidates; the fill takes the slots left over.
+    outlier_factor: float | None = None
     value_stat: str = "range"
     temperature: float = 1.0
     smoothing_kernel: int = 5
@@ -110,6 +114,11 @@ class PolicyConfig:
                 f"must be an integer in [0, budget - recent - sinks = {max_large}]",
             )
         object.__setattr__(self, "_n_large", n_large)
+        if self.outlier_factor is not None:
+            _require_float("outlier_factor", self.outlier_factor, positive=True)
+            if self.outlier_factor <= 1:
+                raise PolicyConfigError("outlier_factor", self.outlier_factor,
+                                        "must be a number > 1 (times the median), or null for a fixed reservation")
         if self.value_stat not in VALUE_STATS:
             raise PolicyConfigError("value_stat", self.value_stat, f"must be one of {', '.join(VALUE_STATS)}")
         _require_float("temperature", self.temperature, positive=True)

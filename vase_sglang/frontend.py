@@ -24,14 +24,13 @@ from typing import Any
 TARGET_MODULE = "sglang.lang.backend.runtime_endpoint"
 def runtime_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Take the ``kv_*`` arguments out of ``kwargs``, export the policy, return the rest."""
-    from .options import config_from_flags, export_config, seed_from_flag
+    from .options import export_config, server_options
     from .patches.server_args import ENGINE_KWARGS, policy_overrides
 
     flags = {name: kwargs.pop(name, None) for name in ENGINE_KWARGS}
-    cfg = config_from_flags(flags["kv_policy"] or "none", flags["kv_budget"], flags["kv_recent"],
-                            flags["kv_policy_config"])
-    seed = seed_from_flag(flags["kv_seed"])
-    export_config(cfg, seed)  # the spawned server and its schedulers inherit the environment
+    cfg, seed, auto = server_options(flags["kv_policy"], flags["kv_budget"], flags["kv_recent"], flags["kv_seed"],
+                                     flags["kv_policy_config"], flags["kv_calibration"], kwargs.get("model_path"))
+    export_config(cfg, seed, auto)  # the spawned server and its schedulers inherit the environment
     # What the flags path does to ServerArgs, given here before Runtime builds them.
     return kwargs | policy_overrides(kwargs, cfg)
 

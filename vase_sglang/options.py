@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .auto import BUILTIN, AutoTable, fingerprint_of_path, load_calibration
 from .config import POLICY_NAMES, PolicyConfig, PolicyConfigError
 from .policies import POLICIES, mix_seed
 
@@ -28,7 +29,9 @@ FLAG_FOR_FIELD = {
     "budget": "--kv-budget",
     "recent": "--kv-recent",
     "seed": "--kv-seed",
+    "kv_calibration": "--kv-calibration",
 }
+AUTO = "auto"  # --kv-policy / kv_policy value: the calibration's choice for the budget
 # Per-request fields in sampling_params.custom_params, and the PolicyConfig field each sets.
 REQUEST_FIELDS = {
     "kv_policy": "policy",
@@ -45,10 +48,12 @@ _MAX_SEED = 2**63 - 1
 
 @dataclass(frozen=True)
 class RequestOptions:
-    """What one request evicts with: the policy config and the seed of its noise."""
+    """What one request evicts with: the policy config, the seed of its noise, and why
+    that policy (reported in its meta_info)."""
 
     cfg: PolicyConfig
     seed: int
+    reason: str = ""
 
 
 def add_cli_flags(parser: argparse.ArgumentParser) -> None:
@@ -59,8 +64,12 @@ def add_cli_flags(parser: argparse.ArgumentParser) -> None:
         "prefixes stay in the radix tree; each request's generated tokens live in a fixed "
         "region of budget + recent slots per layer and KV head.",
     )
-    group.add_argument("--kv-policy", default="none", choices=POLICY_NAMES,
-                       help="KV eviction policy for generated tokens (default: none, stock SGLang)")
+    group.add_argument("--kv-policy", default="none", choices=(*POLICY_NAMES, AUTO),
+                       help="KV eviction policy for generated tokens (default: none, stock SGLang); auto: the "
+                            "policy --kv-calibration recommends for each request's budget")
+    group.add_argument("--kv-calibration", default=None, metavar="FILE",
+                       help="with --kv-policy auto: a calibration.json from `python -m vase_sglang.calibrate` on "
+                            f"this model (without it, auto serves {BUILTIN.choose(0).policy} at every budget)")
     group.add_argument("--kv-budget", type=int, default=None,
                        help="tokens kept per request, layer and KV head after each round (default 4096)")
     group.add_argument("--kv-recent", type=int, default=None,
@@ -145,9 +154,52 @@ def _config_from_flags(
     return PolicyConfig.from_dict(values)
 
 
-def export_config(cfg: PolicyConfig, seed: int | None = None) -> None:
-    """Hand the server's policy and ``--kv-seed`` to every SGLang process it starts."""
-    os.environ[ENV_CONFIG] = json.dumps({"config": cfg.to_dict(), "seed": seed}, sort_keys=True)
+def auto_config(budget: int | None, recent: int | None, policy_config: str | Mapping[str, Any] | None,
+                calibration: str | None, model_path: str | None) -> tuple[PolicyConfig, AutoTable]:
+    """``--kv-policy auto``: the server's config (the choice at its budget) and the table.
+
+    A calibration measured on another model, or with another ``--kv-recent``, is refused;
+    without ``--kv-recent`` the calibration's R is used.
+    """
+    if calibration is None:
+        table = BUILTIN
+    else:
+        try:
+            fingerprint = fingerprint_of_path(model_path) if model_path else None
+        except (OSError, ValueError) as exc:
+            raise PolicyConfigError("kv_calibration", calibration,
+                                    f"cannot read the model's config to check it ({exc})") from None
+        table = load_calibration(calibration, fingerprint)  # its errors already name --kv-calibration
+        if recent is None and table.recent is not None:
+            recent = table.recent
+        elif table.recent is not None and recent != table.recent:
+            raise PolicyConfigError("kv_calibration", calibration, f"it was measured with recent {table.recent}; "
+                                    f"start with --kv-recent {table.recent} or calibrate with --recent {recent}")
+    base = config_from_flags(BUILTIN.choose(0).policy, budget, recent, policy_config)
+    return base.replace(**table.choose(base.budget).changes), table
+
+
+def server_options(policy: str | None, budget: Any = None, recent: Any = None, seed: Any = None,
+                   policy_config: Any = None, calibration: str | None = None,
+                   model_path: str | None = None) -> tuple[PolicyConfig, int | None, AutoTable | None]:
+    """The server's config, ``--kv-seed`` and ``auto`` table from its flag values."""
+    if calibration is not None and policy != AUTO:
+        raise PolicyConfigError("kv_calibration", calibration, "is read only with --kv-policy auto")
+    if policy == AUTO:
+        cfg, table = auto_config(budget, recent, policy_config, calibration, model_path)
+        return cfg, seed_from_flag(seed), table
+    return config_from_flags(policy or "none", budget, recent, policy_config), seed_from_flag(seed), None
+
+
+def server_reason(cfg: PolicyConfig, auto: AutoTable | None) -> str:
+    """Why a request without ``kv_*`` fields runs the server's policy."""
+    return auto.choose(cfg.budget).reason if auto is not None else f"server --kv-policy {cfg.policy}"
+
+
+def export_config(cfg: PolicyConfig, seed: int | None = None, auto: AutoTable | None = None) -> None:
+    """Hand the server's policy, ``--kv-seed`` and ``auto`` table to every SGLang process it starts."""
+    os.environ[ENV_CONFIG] = json.dumps({"config": cfg.to_dict(), "seed": seed,
+                                         "auto": auto.to_dict() if auto is not None else None}, sort_keys=True)
 
 
 def exported_config() -> PolicyConfig:
@@ -163,23 +215,40 @@ def exported_seed() -> int | None:
     return _parse_exported(os.environ.get(ENV_CONFIG))[1]
 
 
+def exported_auto() -> AutoTable | None:
+    """The server's ``--kv-policy auto`` table (None when it runs one policy)."""
+    return _parse_exported(os.environ.get(ENV_CONFIG))[2]
+
+
 @functools.lru_cache(maxsize=4)
-def _parse_exported(text: str | None) -> tuple[PolicyConfig, int | None]:
+def _parse_exported(text: str | None) -> tuple[PolicyConfig, int | None, AutoTable | None]:
     if not text:
-        return PolicyConfig(policy="none"), None
+        return PolicyConfig(policy="none"), None, None
     data = json.loads(text)
-    return PolicyConfig.from_dict(data["config"]), data["seed"]
+    auto = AutoTable.from_dict(data["auto"]) if data.get("auto") else None
+    return PolicyConfig.from_dict(data["config"]), data["seed"], auto
 
 
-def validate_request(server: PolicyConfig, custom_params: Mapping[str, Any] | None) -> tuple[PolicyConfig, int | None]:
+def validate_request(server: PolicyConfig, custom_params: Mapping[str, Any] | None,
+                     auto: AutoTable | None = None) -> tuple[PolicyConfig, int | None]:
     """The config one request runs with (the server's, changed by its ``custom_params``)
     and its explicit ``kv_seed`` (None when not given).
+
+    On an ``auto`` server (``auto`` given), a request without ``kv_policy`` (or with
+    ``kv_policy: "auto"``) runs the table's choice for its budget; ``kv_policy: "auto"``
+    on another evicting server runs the built-in choice.
 
     Raises ``PolicyConfigError`` (an HTTP 400 for the client) for a bad or unknown
     ``kv_*`` field. Other keys are left alone: custom logit processors read them.
     """
+    return validate_with_reason(server, custom_params, auto)[:2]
+
+
+def validate_with_reason(server: PolicyConfig, custom_params: Mapping[str, Any] | None,
+                         auto: AutoTable | None = None) -> tuple[PolicyConfig, int | None, str]:
+    """``validate_request`` and why the request runs its policy."""
     if not custom_params:
-        return server, None
+        return server, None, server_reason(server, auto)
     if not isinstance(custom_params, Mapping):
         raise PolicyConfigError("custom_params", custom_params, "must be a JSON object")
     changes: dict[str, Any] = {}
@@ -199,7 +268,18 @@ def validate_request(server: PolicyConfig, custom_params: Mapping[str, Any] | No
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise PolicyConfigError(key, value, f"unknown request field; {hint}fields: {', '.join(REQUEST_KEYS)}")
     if not changes:
-        return server, seed
+        return server, seed, server_reason(server, auto)
+    reason = "request kv_policy" if "policy" in changes else server_reason(server, auto)
+    if changes.get("policy") == AUTO or (auto is not None and "policy" not in changes):
+        budget = changes.get("budget", server.budget)
+        if not isinstance(budget, int) or isinstance(budget, bool):
+            raise PolicyConfigError("kv_budget", budget, "must be an integer")
+        if changes.get("policy") == AUTO and not server.evicts:
+            raise PolicyConfigError("kv_policy", AUTO,
+                                    "the server runs with --kv-policy none; start it with an evicting policy")
+        choice = (auto or BUILTIN).choose(budget)
+        changes.update(choice.changes)
+        reason = choice.reason
     policy = changes.get("policy", server.policy)
     if policy not in POLICY_NAMES:
         raise PolicyConfigError("kv_policy", policy, f"must be one of {', '.join(POLICY_NAMES)}")
@@ -214,11 +294,18 @@ def validate_request(server: PolicyConfig, custom_params: Mapping[str, Any] | No
     except PolicyConfigError as exc:
         field = next((k for k, v in REQUEST_FIELDS.items() if v == exc.field_name), exc.field_name)
         raise PolicyConfigError(field, exc.value, exc.allowed) from None
-    if POLICIES[cfg.policy].needs_queries and not POLICIES[server.policy].needs_queries:
+    if POLICIES[cfg.policy].needs_queries and not captures_queries(server, auto):
         raise PolicyConfigError("kv_policy", policy, f"needs attention queries, which the server's --kv-policy "
                                 f"{server.policy} does not capture; "
                                 "use one of vase-dkv, curdkv, streamingllm, random, none")
-    return cfg, seed
+    return cfg, seed, reason
+
+
+def captures_queries(server: PolicyConfig, auto: AutoTable | None = None) -> bool:
+    """The server records queries: its policy reads them, or ``auto`` may choose one that does."""
+    if POLICIES[server.policy].needs_queries:
+        return True
+    return auto is not None and any(POLICIES[c["policy"]].needs_queries for c in auto.policies())
 
 
 def request_config(server: PolicyConfig, custom_params: Mapping[str, Any] | None) -> PolicyConfig:
@@ -226,9 +313,9 @@ def request_config(server: PolicyConfig, custom_params: Mapping[str, Any] | None
     return validate_request(server, custom_params)[0]
 
 
-def stamp_validated(custom_params: dict[str, Any], cfg: PolicyConfig, seed: int | None) -> None:
+def stamp_validated(custom_params: dict[str, Any], cfg: PolicyConfig, seed: int | None, reason: str = "") -> None:
     """Record the validated options in the request's ``custom_params`` for the scheduler."""
-    custom_params[VALIDATED_KEY] = {"config": cfg.to_dict(), "seed": seed}
+    custom_params[VALIDATED_KEY] = {"config": cfg.to_dict(), "seed": seed, "reason": reason}
 
 
 def identity_seed(rid: str, sampling_seed: int | None = None) -> int:
@@ -245,7 +332,7 @@ def _stamped_config(text: str) -> PolicyConfig:
 
 
 def resolve_request(server: PolicyConfig, server_seed: int | None, custom_params: Mapping[str, Any] | None,
-                    rid: str, sampling_seed: int | None = None) -> RequestOptions:
+                    rid: str, sampling_seed: int | None = None, auto: AutoTable | None = None) -> RequestOptions:
     """The scheduler's view of a request: the options the tokenizer process validated.
 
     The seed is the request's ``kv_seed``, else the server's ``--kv-seed``, else
@@ -260,9 +347,10 @@ def resolve_request(server: PolicyConfig, server_seed: int | None, custom_params
         if unvalidated:
             raise RuntimeError(f"request {rid}: custom_params fields {unvalidated} reached the scheduler without "
                                "validation (SamplingParams.verify was not hooked)")
-        cfg, seed = server, None
+        cfg, seed, reason = server, None, server_reason(server, auto)
     else:
         cfg, seed = _stamped_config(json.dumps(stamp["config"], sort_keys=True)), stamp["seed"]
+        reason = stamp.get("reason") or server_reason(server, auto)
     if seed is None:
         seed = server_seed if server_seed is not None else identity_seed(rid, sampling_seed)
-    return RequestOptions(cfg, seed)
+    return RequestOptions(cfg, seed, reason)

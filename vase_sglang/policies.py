@@ -243,7 +243,11 @@ class Policy:
         n_large = cfg.large if scores.reserve is not None else 0
         n_fill = cfg.keep_candidates - cfg.sinks - n_large
         noise = self.noise(regions, scores.fill.shape) if self.stochastic else None
-        kept = ops.select(scores.fill, cfg.sinks, n_large, n_fill, scores.reserve, noise, backend=self.backend)
+        counts = None
+        if n_large and scores.reserve is not None and cfg.outlier_factor is not None:  # only the outliers
+            counts = ops.outlier_count(scores.reserve, cfg.sinks, cfg.outlier_factor, n_large, backend=self.backend)
+        kept = ops.select(scores.fill, cfg.sinks, n_large, n_fill, scores.reserve, noise, counts,
+                          backend=self.backend)
         return torch.cat([kept, self._recent(regions)], dim=-1)
 
     def _recent(self, regions: Regions) -> torch.Tensor:
@@ -269,6 +273,12 @@ class VaSEAttnV(Policy):
     stochastic = True
     score_maps = 1  # the value statistic (window attention is counted by needs_queries)
 
+    def workspace_bytes(self, shape: RoundShape) -> int:
+        cfg = self.config
+        # With outlier_factor, the median's sorted copy of the statistic: fp32 values and int64 indices.
+        median = 3 * shape.score_map_bytes(cfg) if cfg.outlier_factor is not None and cfg.large else 0
+        return super().workspace_bytes(shape) + median
+
     def score(self, regions: Regions) -> Scores:
         reserve = ops.value_stat(regions.v_buf, regions.candidates(self.config.recent), self.config.value_stat,
                                  backend=self.backend)
@@ -290,12 +300,15 @@ class RKV(Policy):
 
     name = "rkv"
     needs_queries = True
-    # Redundancy runs on torch: the gathered fp32 keys and their normalised copy
-    # (head_dim maps each, counted in workspace_bytes), then three score maps.
+    # Redundancy runs on torch: the gathered keys, widened to fp32 and normalised in place
+    # (head_dim maps, plus the pool-dtype gather while it is widened unless the pool is
+    # fp32; counted in workspace_bytes), then three score maps.
     score_maps = 3
 
     def workspace_bytes(self, shape: RoundShape) -> int:
-        return super().workspace_bytes(shape) + 2 * shape.head_dim * shape.score_map_bytes(self.config)
+        gathered = 0 if shape.itemsize == 4 else shape.itemsize  # bytes per element beside the fp32 copy
+        keys = shape.head_dim * shape.score_map_bytes(self.config) * (4 + gathered) // 4
+        return super().workspace_bytes(shape) + keys
 
     def score(self, regions: Regions) -> Scores:
         lam = self.config.rkv_lambda

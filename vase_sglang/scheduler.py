@@ -53,9 +53,10 @@ from typing import Any
 import torch
 
 from . import metrics
+from .auto import AutoTable
 from .config import PolicyConfig
 from .kernels import ops
-from .options import RequestOptions, resolve_request
+from .options import RequestOptions, captures_queries, resolve_request
 from .policies import POLICIES, Policy, Regions, RoundShape, make_policy
 from .stats import LatencyHistogram
 
@@ -138,32 +139,40 @@ def stacked_view(layers: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def query_ring_bytes_per_request(cfg: PolicyConfig, n_layers: int, q_heads: int, head_dim: int,
-                                 dtype_bytes: int) -> int:
-    """Bytes of query ring one request slot needs (0 for policies that read no queries)."""
-    if not POLICIES[cfg.policy].needs_queries:
+                                 dtype_bytes: int, auto: AutoTable | None = None) -> int:
+    """Bytes of query ring one request slot needs (0 when no reachable policy reads queries)."""
+    if not captures_queries(cfg, auto):
         return 0
     return n_layers * q_heads * cfg.recent * head_dim * dtype_bytes
 
 
-def policies_for(server_cfg: PolicyConfig) -> list[str]:
+def policies_for(server_cfg: PolicyConfig, auto: AutoTable | None = None) -> list[str]:
     """Evicting policies a request may pick on this server (``kv_policy`` per request):
     the ones that read queries only when the server captures them."""
     if not server_cfg.evicts:
         return []
-    captures = POLICIES[server_cfg.policy].needs_queries
+    captures = captures_queries(server_cfg, auto)
     return [name for name, cls in POLICIES.items() if cls.evicts and (captures or not cls.needs_queries)]
 
 
-def round_workspace_bytes(server_cfg: PolicyConfig, shape: RoundShape) -> int:
+def reachable_configs(server_cfg: PolicyConfig, auto: AutoTable | None = None) -> list[PolicyConfig]:
+    """Configs a request may run at the server's budget: every policy it may pick, and
+    ``auto``'s choices (which may also set ``outlier_factor``)."""
+    out = [server_cfg.replace(policy=name) for name in policies_for(server_cfg, auto)]
+    if auto is not None:
+        out += [server_cfg.replace(**c) for c in auto.policies()]
+    return out
+
+
+def round_workspace_bytes(server_cfg: PolicyConfig, shape: RoundShape, auto: AutoTable | None = None) -> int:
     """Peak temporaries of one batched round of ``min(shape.n_req, MAX_ROUND_BATCH)``
-    regions, for the most demanding policy a request may choose (at the server's budget,
+    regions, for the most demanding config a request may reach (at the server's budget,
     the largest a request may ask for)."""
     shape = RoundShape(**{**shape.__dict__, "n_req": min(shape.n_req, MAX_ROUND_BATCH)})
-    return max((make_policy(server_cfg.replace(policy=name)).workspace_bytes(shape)
-                for name in policies_for(server_cfg)), default=0)
+    return max((make_policy(c).workspace_bytes(shape) for c in reachable_configs(server_cfg, auto)), default=0)
 
 
-def warmup_configs(server_cfg: PolicyConfig) -> list[PolicyConfig]:
+def warmup_configs(server_cfg: PolicyConfig, auto: AutoTable | None = None) -> list[PolicyConfig]:
     """One config per kernel variant a request can reach: every policy it may pick, with
     and without the value reservation, at one budget per power-of-two block of candidates
     (the only budget-dependent compile-time constant; the budget itself is a runtime value)."""
@@ -171,11 +180,12 @@ def warmup_configs(server_cfg: PolicyConfig) -> list[PolicyConfig]:
     for b in range(2 * server_cfg.recent, server_cfg.budget + 1, server_cfg.recent):
         budgets.setdefault(1 << (b - 1).bit_length(), b)
     out = []
-    for name in policies_for(server_cfg):
+    for reachable in reachable_configs(server_cfg, auto):
         for b in budgets.values():
-            cfg = server_cfg.replace(policy=name, budget=b)
-            out.append(cfg)
-            if cfg.large:
+            cfg = reachable.replace(budget=b)
+            if cfg not in out:
+                out.append(cfg)
+            if cfg.large and cfg.replace(n_large=0) not in out:
                 out.append(cfg.replace(n_large=0))
     return out
 
@@ -193,11 +203,13 @@ class VaseScheduler:
         q_heads: int,
         capture_queries: bool,
         backend: str | None = None,
+        auto: AutoTable | None = None,
         head_offset: int = 0,
         total_kv_heads: int | None = None,
         count_totals: bool = True,
     ):
         self.server_cfg = server_cfg
+        self.auto = auto
         # On a TP rank: the global index of the local KV heads (for TP-invariant noise),
         # and whether this rank reports to the Prometheus counters (one rank per request).
         self.head_offset, self.total_kv_heads, self.count_totals = head_offset, total_kv_heads, count_totals
@@ -230,7 +242,7 @@ class VaseScheduler:
         if st is None:
             params = req.sampling_params
             options = resolve_request(self.server_cfg, self.server_seed, params.custom_params, rid=req.rid,
-                                      sampling_seed=getattr(params, "sampling_seed", None))
+                                      sampling_seed=getattr(params, "sampling_seed", None), auto=self.auto)
             st = self._requests[req] = RequestState(options)
         return st
 
@@ -444,7 +456,7 @@ class VaseScheduler:
         """Run one round per kernel variant a request can reach (``warmup_configs``) on the
         padding slot 0 and ring row 0, which no request owns, so that Triton compiles at
         start-up instead of in the middle of a decode step. Returns the configs run."""
-        configs = warmup_configs(self.server_cfg)
+        configs = warmup_configs(self.server_cfg, self.auto)
         t0 = time.perf_counter()
         rows = torch.zeros(1, dtype=torch.int64, device=self.device)
         for cfg in configs:
@@ -480,6 +492,11 @@ class VaseScheduler:
         if st is None:
             return (max(0, len(req.output_ids) - 1), 0, 0, "")
         return (st.region_len, st.evicted, st.rounds, ",".join(map(str, st.reprefilled)))
+
+    def policy_choice(self, req: Any) -> tuple[str, str]:
+        """(the policy the request runs, why) for its meta_info."""
+        options = self.state(req).options
+        return options.cfg.policy, options.reason
 
     def digests(self, req: Any) -> str:
         st = self._requests.get(req)

@@ -26,7 +26,7 @@ import torch
 
 from vase_sglang.cli import OneLineParser, positive_int
 from vase_sglang.fidelity import report
-from vase_sglang.fidelity.loop import BatchedDecoder, generate
+from vase_sglang.fidelity.loop import BatchedDecoder, eos_ids, generate
 from vase_sglang.fidelity.metrics import repeat_4gram_share
 from vase_sglang.fidelity.prompts import PROMPTS
 from vase_sglang.fidelity.sweep import SWEEP_POLICIES, ArmSpec, free_running, sweep_arms, teacher_forced, write_json
@@ -103,14 +103,6 @@ def chat_ids(tok, prompts: tuple[str, ...]) -> list[list[int]]:
         ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
         out.append(list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids))
     return out
-
-
-def eos_ids(tok, lm) -> tuple[int, ...]:
-    ids = {tok.eos_token_id}
-    gen = getattr(lm, "generation_config", None)
-    extra = getattr(gen, "eos_token_id", None)
-    ids.update(extra if isinstance(extra, list) else [extra])
-    return tuple(sorted(i for i in ids if i is not None))
 
 
 def main(argv: list[str] | None = None) -> int:

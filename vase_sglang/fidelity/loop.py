@@ -12,19 +12,62 @@ Why chunks are exact: a round can only fire when the region is full, which happe
 and logits as feeding them one by one; it just turns 32 matrix-vector products into one
 matrix product. ``tests/test_fidelity.py`` checks chunked against one-by-one.
 
-Works for Llama-architecture models (SmolLM2) and Qwen3 (the bundled model: q/k norms).
+Works for the dense decoders with standard attention: Llama (SmolLM2), Mistral without a
+sliding window, Qwen2 / Qwen2.5 (q/k/v biases, e.g. DeepSeek-R1-Distill-Qwen) and Qwen3
+(per-head q/k norms, the bundled model). ``check_supported`` names what another model lacks;
+``tests/test_fidelity.py`` checks each family against HF's own forward.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from vase_sglang.policies import Policy, Regions
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def eos_ids(tok: Any, lm: Any) -> tuple[int, ...]:
+    """The tokenizer's EOS and the generation config's (Qwen-style chat models have several)."""
+    ids = {tok.eos_token_id}
+    extra = getattr(getattr(lm, "generation_config", None), "eos_token_id", None)
+    ids.update(extra if isinstance(extra, list) else [extra])
+    return tuple(sorted(i for i in ids if i is not None))
+
+
+class UnsupportedModel(ValueError):
+    """A model the decode loop cannot reproduce; the message names what is missing."""
+
+
+def check_supported_config(mc: Any) -> None:
+    """Raise ``UnsupportedModel`` unless an HF config describes attention the loop computes."""
+    kind = getattr(mc, "model_type", "?")
+    if kind not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModel(f"model_type {kind!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    types = set(getattr(mc, "layer_types", None) or ["full_attention"])
+    window = getattr(mc, "sliding_window", None)
+    if types != {"full_attention"} or (window and getattr(mc, "use_sliding_window", kind == "mistral")):
+        raise UnsupportedModel(f"{kind}: sliding-window attention (sliding_window={window}, layer_types "
+                               f"{sorted(types)}); only full attention is supported")
+
+
+def check_supported(model: torch.nn.Module) -> None:
+    """Raise ``UnsupportedModel`` unless the loop computes exactly this model's attention."""
+    check_supported_config(model.config)
+    kind = getattr(model.config, "model_type", "?")
+    inner: Any = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if inner is None or layers is None or not hasattr(inner, "rotary_emb") or not hasattr(model, "lm_head"):
+        raise UnsupportedModel(f"{kind}: expected model.model.layers, model.model.rotary_emb and lm_head")
+    attn = layers[0].self_attn
+    missing = [n for n in ("q_proj", "k_proj", "v_proj", "o_proj") if not hasattr(attn, n)]
+    if missing:
+        raise UnsupportedModel(f"{kind}: attention has no {', '.join(missing)}")
 
 
 @dataclass
@@ -43,7 +86,7 @@ class PromptCache:
     @property
     def valid(self) -> torch.Tensor:
         """``[N, P]`` True where a prompt position exists."""
-        return torch.arange(self.width)[None, :] < self.lengths[:, None]
+        return torch.arange(self.width, device=self.lengths.device)[None, :] < self.lengths[:, None]
 
 
 @dataclass
@@ -54,6 +97,8 @@ class Arm:
     policy: Policy | None
     seed: int
     capacity: int
+    # Per-request noise seeds (the server seeds each request on its own); None: ``seed`` for all.
+    row_seeds: list[int] | None = None
     keys: list[torch.Tensor] = field(default_factory=list)  # per layer [N, Hkv, P + capacity, D]
     values: list[torch.Tensor] = field(default_factory=list)
     window_q: list[torch.Tensor] = field(default_factory=list)  # per layer [N, Hq, <=R, D]
@@ -80,6 +125,7 @@ class BatchedDecoder:
         self.n_layers = mc.num_hidden_layers
         self.hq, self.hkv = mc.num_attention_heads, mc.num_key_value_heads
         self.head_dim = getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads
+        self.device = next(model.parameters()).device
         self.prompt: PromptCache | None = None
 
     # ---- projections --------------------------------------------------------------
@@ -109,8 +155,8 @@ class BatchedDecoder:
         per_prompt = []
         first = []
         for ids in prompts:
-            x = torch.tensor(ids)[None]
-            pos = torch.arange(len(ids))[None]
+            x = torch.tensor(ids, device=self.device)[None]
+            pos = torch.arange(len(ids), device=self.device)[None]
             h = m.embed_tokens(x)
             cos, sin = m.rotary_emb(h, pos)
             ks, vs = [], []
@@ -126,19 +172,20 @@ class BatchedDecoder:
         n = len(prompts)
         keys, values = [], []
         for li in range(self.n_layers):
-            kb = torch.zeros((n, self.hkv, width, self.head_dim))
+            kb = torch.zeros((n, self.hkv, width, self.head_dim), device=self.device)
             vb = torch.zeros_like(kb)
             for i, (ks, vs) in enumerate(per_prompt):
                 kb[i, :, : ks[li].shape[1]] = ks[li]
                 vb[i, :, : vs[li].shape[1]] = vs[li]
             keys.append(kb)
             values.append(vb)
-        self.prompt = PromptCache(keys, values, torch.tensor([len(p) for p in prompts]), torch.stack(first))
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        self.prompt = PromptCache(keys, values, lengths, torch.stack(first))
         return self.prompt
 
     # ---- arms ---------------------------------------------------------------------
     def new_arm(self, name: str, policy: Policy | None, seed: int = 0, max_tokens: int = 1024,
-                window: int = 0) -> Arm:
+                window: int = 0, row_seeds: list[int] | None = None) -> Arm:
         """An arm whose buffers hold the prompt and room for its region (B + R, or every token).
 
         ``window``: a full-cache arm that also keeps its last ``window`` queries, so that
@@ -146,14 +193,16 @@ class BatchedDecoder:
         """
         p = self._require_prompt()
         capacity = policy.config.region_size if policy is not None else max_tokens
-        arm = Arm(name=name, policy=policy, seed=seed, capacity=capacity, window=window)
         n = p.lengths.shape[0]
+        if row_seeds is not None and len(row_seeds) != n:
+            raise ValueError(f"{name}: {len(row_seeds)} row seeds for {n} requests")
+        arm = Arm(name=name, policy=policy, seed=seed, capacity=capacity, window=window, row_seeds=row_seeds)
         for li in range(self.n_layers):
             for src, dst in ((p.keys[li], arm.keys), (p.values[li], arm.values)):
-                buf = torch.empty((n, self.hkv, p.width + capacity, self.head_dim))
+                buf = torch.empty((n, self.hkv, p.width + capacity, self.head_dim), device=self.device)
                 buf[:, :, : p.width] = src
                 dst.append(buf)
-            arm.window_q.append(torch.zeros((n, self.hq, 0, self.head_dim)))
+            arm.window_q.append(torch.zeros((n, self.hq, 0, self.head_dim), device=self.device))
         return arm
 
     def fork(self, source: Arm, arm: Arm) -> None:
@@ -190,7 +239,8 @@ class BatchedDecoder:
         values = torch.stack([v[:, :, p0 : p0 + length] for v in arm.values], dim=1)
         queries = torch.stack(arm.window_q, dim=1) if policy.needs_queries else None
         n = keys.shape[0]
-        regions = Regions.from_dense(keys, values, queries, seeds=[arm.seed] * n, rounds=[arm.rounds] * n)
+        seeds = arm.row_seeds if arm.row_seeds is not None else [arm.seed] * n
+        regions = Regions.from_dense(keys, values, queries, seeds=seeds, rounds=[arm.rounds] * n)
         keep = policy.select(regions)  # [N, layers, H, B]
         idx = keep[..., None].expand(-1, -1, -1, -1, self.head_dim)
         kept_k, kept_v = torch.gather(keys, 3, idx), torch.gather(values, 3, idx)
@@ -217,15 +267,15 @@ class BatchedDecoder:
             raise ValueError(f"{arm.name}: chunk of {t} overflows the region ({arm.region_len}/{arm.capacity}); "
                              "chunks must be aligned to `recent`")
         m = self.model.model
-        positions = prompt.lengths[:, None] + arm.fed + torch.arange(t)[None, :]
+        positions = prompt.lengths[:, None] + arm.fed + torch.arange(t, device=self.device)[None, :]
         h = m.embed_tokens(tokens)
         cos, sin = m.rotary_emb(h, positions)
         start = prompt.width + arm.region_len
         end = start + t
-        causal = torch.ones((t, t), dtype=torch.bool).tril()
+        causal = torch.ones((t, t), dtype=torch.bool, device=self.device).tril()
         mask = torch.cat([
             prompt.valid[:, None, :].expand(n, t, -1),
-            torch.ones((n, t, arm.region_len), dtype=torch.bool),
+            torch.ones((n, t, arm.region_len), dtype=torch.bool, device=self.device),
             causal[None].expand(n, -1, -1),
         ], dim=-1)[:, None]  # [N, 1, T, P + L + T]
         window = arm.query_window
@@ -277,3 +327,49 @@ def generate(decoder: BatchedDecoder, arm: Arm, n_tokens: int, temperature: floa
     if stops is not None:
         stops[:] = first_stop
     return torch.stack(out, dim=1)
+
+
+@torch.no_grad()
+def sample_teacher(decoder: BatchedDecoder, max_tokens: int, eos_ids: tuple[int, ...], temperature: float,
+                   top_p: float = 1.0, seed: int = 0, on_step: Any = None) -> tuple[torch.Tensor, list[int]]:
+    """Full-cache continuations of the prefilled requests, each up to its natural end.
+
+    Sampled with ``temperature`` and ``top_p`` (greedy when ``temperature == 0``), one
+    token per step, until every request has produced an EOS or ``max_tokens``. Returns
+    tokens ``[N, T]`` (after a request's EOS, EOS again: padding that is fed but not scored)
+    and each request's length, its EOS included.
+    """
+    from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+    warpers = LogitsProcessorList()
+    if temperature > 0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+        if top_p < 1.0:
+            warpers.append(TopPLogitsWarper(top_p))
+    gen = torch.Generator(device=decoder.device).manual_seed(seed)
+    arm = decoder.new_arm("teacher", None, max_tokens=max_tokens)
+    logits = decoder._require_prompt().first_logits.clone()
+    n = logits.shape[0]
+    pad = eos_ids[0] if eos_ids else 0
+    ends: list[int | None] = [None] * n
+    out: list[torch.Tensor] = []
+    for step in range(max_tokens):
+        if temperature == 0:
+            tok = logits.argmax(-1)
+        else:
+            no_ids = cast(torch.LongTensor, torch.empty((n, 0), dtype=torch.long, device=decoder.device))
+            probs = warpers(no_ids, cast(torch.FloatTensor, logits)).softmax(-1)
+            tok = torch.multinomial(probs, 1, generator=gen)[:, 0]
+        for i, t in enumerate(tok.tolist()):
+            if ends[i] is not None:
+                tok[i] = pad
+            elif t in eos_ids:
+                ends[i] = step + 1
+        out.append(tok)
+        if on_step is not None:
+            on_step()
+        if all(e is not None for e in ends):
+            break
+        if step + 1 < max_tokens:
+            logits = decoder.feed(arm, tok[:, None])[:, -1]
+    return torch.stack(out, dim=1), [e if e is not None else max_tokens for e in ends]

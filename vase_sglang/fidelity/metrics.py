@@ -13,6 +13,7 @@ the policy's next-token distribution can be compared with the full cache's:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,15 +59,27 @@ class PositionMetrics:
         kl = (full.neg_entropy - (full.probs * lp).sum(-1)).clamp_min(0.0)
         top = lp.argmax(-1)
         sl = slice(start, start + targets.shape[1])
-        self.kl[:, sl] = kl.double().numpy()
-        self.agree[:, sl] = (top == full.top).double().numpy()
-        self.nll[:, sl] = (-lp.gather(-1, targets[..., None])[..., 0]).double().numpy()
-        self.match[:, sl] = (top == targets).double().numpy()
+        self.kl[:, sl] = kl.double().cpu().numpy()
+        self.agree[:, sl] = (top == full.top).double().cpu().numpy()
+        self.nll[:, sl] = (-lp.gather(-1, targets[..., None])[..., 0]).double().cpu().numpy()
+        self.match[:, sl] = (top == targets).double().cpu().numpy()
 
     def copy_from(self, other: PositionMetrics, end: int) -> None:
         """Positions ``< end`` (0-based) from another arm (one that computed the same thing)."""
         for key in ("kl", "agree", "nll", "match"):
             getattr(self, key)[:, :end] = getattr(other, key)[:, :end]
+
+    def mask_after(self, ends: list[int]) -> None:
+        """Leave out positions after each request's last scored one (1-based ``ends``)."""
+        for i, end in enumerate(ends):
+            for key in ("kl", "agree", "nll", "match"):
+                getattr(self, key)[i, end:] = np.nan
+
+    def per_request(self) -> dict[str, list[float]]:
+        """Each request's mean over its scored positions (NaN when it has none)."""
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a request with no scored position
+            return {key: np.nanmean(getattr(self, key), axis=1).tolist() for key in ("kl", "agree", "nll")}
 
     def first_divergence(self) -> np.ndarray:
         """Per request, the 1-based position of the first mismatch; ``n_pos + 1`` when none."""
@@ -107,6 +120,7 @@ class PositionMetrics:
             "first_divergence": first.tolist(),
             "bands": self.band_means(),
             "curve": self.curve(),
+            "per_request": self.per_request(),
         }
 
 

@@ -41,3 +41,45 @@ PROMPTS: tuple[str, ...] = (
     "Describe how to train for a first marathon over four months, with the weekly plan, nutrition, sleep, injuries to avoid and race-day advice.",
     "Explain the rules of chess in detail, how each piece moves, special moves, and basic strategy for the opening, middle game and endgame.",
 )
+
+# Step-by-step solutions of math and logic problems: the chains of thought users serve.
+REASONING: tuple[str, ...] = (
+    "Solve step by step, showing every calculation: a shop sells pencils at 3 for $1 and pens at $1.25 each. Maria buys 12 pencils and some pens and pays $11.50 in all. How many pens did she buy? Check your answer.",
+    "Think step by step: if 5 machines make 5 widgets in 5 minutes, how long do 100 machines take to make 100 widgets? Explain the reasoning carefully, then solve two variations of the problem.",
+    "Prove step by step that the sum of the first n odd numbers is n squared. Then verify it for n = 1 to 6 and explain why the proof works.",
+    "Three friends, Ann, Ben and Cal, each own one pet: a cat, a dog or a fish. Ann does not own the dog. Ben owns neither the cat nor the fish. Who owns which pet? Reason through every case step by step.",
+    "Solve the system of equations 2x + 3y = 13 and 4x - y = 5 step by step, by substitution and then by elimination, and check the solution in both equations.",
+    "A rectangle's length is 3 cm more than twice its width, and its perimeter is 48 cm. Find its dimensions and area. Show each step and explain each equation you write.",
+    "Think carefully and step by step: how many ways can 5 people sit in a row if two of them refuse to sit next to each other? Explain the counting, then check it another way.",
+    "A bag has 4 red, 5 blue and 6 green marbles. Two are drawn without replacement. What is the probability that both are the same colour? Work through it step by step.",
+    "Find all integer solutions of x^2 - y^2 = 45. Reason step by step, explain the factoring, and list every solution with a check.",
+    "A car travels 150 km at 60 km/h and returns at 40 km/h. What is its average speed for the round trip? Explain step by step why the answer is not 50 km/h.",
+    "Solve step by step: what is the smallest positive integer that leaves remainder 2 when divided by 3, remainder 3 when divided by 5, and remainder 2 when divided by 7? Explain the method.",
+    "On an island, knights always tell the truth and knaves always lie. A says: 'B is a knave.' B says: 'A and I are of the same kind.' What are A and B? Reason through every possibility step by step.",
+    "Compute the sum 1/(1*2) + 1/(2*3) + ... + 1/(99*100) step by step. Explain the telescoping trick and prove the general formula.",
+    "A tank fills through pipe A in 6 hours and through pipe B in 9 hours, and drains through pipe C in 12 hours. With all three open, how long does it take to fill? Solve step by step and check.",
+    "Step by step, find the number of trailing zeros of 100 factorial, explain why the method works, and then do the same for 250 factorial.",
+    "Determine step by step whether 221, 223 and 227 are prime. Explain the trial division you use and why it is enough to stop at the square root.",
+)
+
+# Programs to write and explain: long structured outputs with repeated identifiers.
+CODE: tuple[str, ...] = (
+    "Write a Python class for a bank account with deposits, withdrawals, a transaction history and interest. Explain each method and show example usage.",
+    "Write a Python function that parses a CSV file of sales records and prints totals per month and per product. Explain the code line by line.",
+    "Implement a binary search tree in Python with insert, search, delete and in-order traversal. Explain how delete handles each case.",
+    "Write a command-line to-do list program in Python that saves tasks to a JSON file, with add, list, done and remove commands. Explain the design.",
+    "Implement Dijkstra's shortest path algorithm in Python with a priority queue, test it on a small graph, and explain each step of the algorithm.",
+    "Write a JavaScript function that validates a sign-up form (name, email, password strength, matching passwords) and shows error messages. Explain it.",
+    "Write a Python program that simulates a simple vending machine as a state machine, with coins, selections and change. Explain every state.",
+    "Implement a least-recently-used cache in Python from scratch, with get and put in constant time. Explain the data structures and test it.",
+    "Write SQL to create tables for a small school (students, courses, enrolments, grades) and queries for common reports. Explain each query.",
+    "Write a Python script that reads a text file and reports word frequencies, the longest words and the average sentence length. Explain the code.",
+    "Implement merge sort and quicksort in Python, compare them on random lists, and explain their time complexity and when each is better.",
+    "Write a small Python game of tic-tac-toe for two players in the terminal, with win and draw detection. Explain how the board is checked.",
+    "Write a Python function that converts Roman numerals to integers and back, with input validation and tests. Explain the rules it follows.",
+    "Implement a simple linked list in C with insert, delete, reverse and print functions. Explain the pointer handling in each function.",
+    "Write a Python class that models a matrix with addition, multiplication, transpose and determinant. Explain each method and show examples.",
+    "Write a Python program that schedules meetings for a team, avoiding overlaps and respecting working hours. Explain the algorithm and test it.",
+)
+
+PROMPT_SETS: dict[str, tuple[str, ...]] = {"longform": PROMPTS, "reasoning": REASONING, "code": CODE}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ SWEEP_POLICIES = ("vase", "vase-dkv", "snapkv", "rkv", "curdkv", "streamingllm",
 # Stochastic policies, run with several seeds: sampling noise (vase, random) or a sketch drawn
 # anew every round (vase-dkv). CurDKV's seed only picks its one fixed sketch: one seed.
 SEEDED = ("vase", "vase-dkv", "random")
+PILOT_OUTLIER_FACTOR = 5.0
 
 
 @dataclass(frozen=True)
@@ -38,15 +40,18 @@ class ArmSpec:
     budget: int
     seed: int = 0
     n_large: int | None = None  # None: the policy's default (B/4 for vase)
+    outlier_factor: float | None = None  # None: the fixed reservation (see PolicyConfig)
 
     @property
     def label(self) -> str:
         extra = f" n_large={self.n_large}" if self.n_large is not None else ""
+        extra += f" outlier_factor={self.outlier_factor:g}" if self.outlier_factor is not None else ""
         return f"{self.policy} B={self.budget}{extra} s{self.seed}"
 
     def build(self, recent: int) -> Policy:
         base = "vase" if self.policy in PILOT_POLICIES else self.policy
-        cfg = PolicyConfig(policy=base, budget=self.budget, recent=recent, n_large=self.n_large)
+        cfg = PolicyConfig(policy=base, budget=self.budget, recent=recent, n_large=self.n_large,
+                           outlier_factor=self.outlier_factor)
         cls = PILOT_POLICIES.get(self.policy) or POLICIES[self.policy]
         return cls(cfg, backend="torch")
 
@@ -59,17 +64,27 @@ def sweep_arms(budgets: list[int], seeds: list[int], pilot_budget: int | None, p
         # n_large = 0 is attention-only sampling; B/4 is the sweep's own vase arm.
         for n_large in (0, b // 8, b // 2):
             arms += [ArmSpec("pilot", "vase", b, s, n_large) for s in pilot_seeds]
+        # Up to B/4 reserved, only for values >= 5x their head's median (the outlier measure's factor).
+        arms += [ArmSpec("pilot", "vase", b, s, outlier_factor=PILOT_OUTLIER_FACTOR) for s in pilot_seeds]
     return arms
 
 
 def teacher_forced(decoder: BatchedDecoder, reference: torch.Tensor, specs: list[ArmSpec], recent: int,
-                   progress: bool = True) -> dict[str, dict]:
+                   progress: bool = True, ends: list[int] | None = None,
+                   row_seeds: Callable[[ArmSpec], list[int]] | None = None,
+                   on_chunk: Callable[[int], None] | None = None) -> dict[str, dict]:
     """Feed ``reference [N, T]`` to a full-cache arm and to each spec's arm; metrics per arm.
 
     Position p (1-based) is scored from the logits after feeding tokens 1..p-1; position 1
     comes from the prefill and is the same for every arm, so it is left out (NaN). Each
     evicting arm is forked from the full-cache arm when its region first fills (before its
     first round nothing differs), so that shared stretch is computed once.
+
+    ``ends``: per request, the last scored position (a teacher's natural end); later
+    positions are fed but left out. With ``ends``, an arm whose region never fills is the
+    full cache at every position and gets its metrics (0 rounds) instead of an error.
+    ``row_seeds(spec)``: per-request noise seeds (default: the spec's seed for all).
+    ``on_chunk(arms_fed)`` is called after each chunk (progress bars).
     """
     n, t = reference.shape
     if t % recent:
@@ -81,7 +96,8 @@ def teacher_forced(decoder: BatchedDecoder, reference: torch.Tensor, specs: list
     start = time.monotonic()
     for c in range(0, t, recent):
         for spec, policy in [x for x in pending if x[1].config.region_size <= full.region_len]:
-            arm = decoder.new_arm(spec.label, policy, seed=spec.seed)
+            seeds = row_seeds(spec) if row_seeds is not None else None
+            arm = decoder.new_arm(spec.label, policy, seed=spec.seed, row_seeds=seeds)
             decoder.fork(full, arm)
             metrics = PositionMetrics(n, t)
             metrics.copy_from(full_metrics, c + 1)
@@ -96,14 +112,22 @@ def teacher_forced(decoder: BatchedDecoder, reference: torch.Tensor, specs: list
         for _, arm, metrics in running:
             logits = decoder.feed(arm, chunk)[:, : targets.shape[1]]
             metrics.update(c + 1, full_chunk, logits, targets)
+        if on_chunk is not None:
+            on_chunk(1 + len(running))
         if progress:
             el = time.monotonic() - start
             log.info("  %4d/%d tokens, %d arms running, %.0f s elapsed", c + recent, t, len(running), el)
-    if pending:
+    if pending and ends is None:
         raise ValueError(f"budgets too large for a {t}-token reference: {[s.label for s, _ in pending]}")
+    everything = [full_metrics] + [m for _, _, m in running]
+    if ends is not None:
+        for metrics in everything:
+            metrics.mask_after(ends)
     out = {"full": {"spec": None, "rounds": 0, **full_metrics.summary()}}
     for spec, arm, metrics in running:
         out[spec.label] = {"spec": spec.__dict__, "rounds": arm.rounds, **metrics.summary()}
+    for spec, _ in pending:  # never filled its region: it is the full cache throughout
+        out[spec.label] = {"spec": spec.__dict__, "rounds": 0, **full_metrics.summary()}
     return out
 
 

@@ -1,0 +1,60 @@
+"""The memory an evicting server reserves before SGLang sizes its KV pool: the query ring and
+one batched round's temporaries, in the dtype the pool stores (what the ring and the scratch
+are allocated in), not the model's."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vase_sglang.config import PolicyConfig
+from vase_sglang.options import export_config
+from vase_sglang.patches import memory
+from vase_sglang.policies import RoundShape
+from vase_sglang.scheduler import query_ring_bytes_per_request, round_workspace_bytes
+
+VASE = PolicyConfig(policy="vase", budget=256, recent=64)
+# 64 request rows: past the 32 regions a round batches, so the ring and the round's
+# temporaries scale differently and a reserve in the wrong dtype cannot match by chance.
+LAYERS, Q_HEADS, KV_HEADS, HEAD_DIM, RUNNING = 36, 32, 8, 128, 63
+
+
+def _configurator(kv_dtype: torch.dtype) -> SimpleNamespace:
+    model = SimpleNamespace(num_attention_heads=Q_HEADS, num_hidden_layers=LAYERS, head_dim=HEAD_DIM,
+                            dtype=torch.bfloat16, get_total_num_kv_heads=lambda: KV_HEADS)
+    return SimpleNamespace(model_config=model, kv_cache_dtype=kv_dtype)
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch):
+    import sglang.srt.runtime_context as runtime_context
+
+    monkeypatch.setenv("VASE_SGLANG_CONFIG", "")
+    export_config(VASE)
+    args = SimpleNamespace(max_running_requests=RUNNING, tp_size=1)
+    monkeypatch.setattr(runtime_context, "get_context", lambda: SimpleNamespace(server_args=args))
+
+
+def _expected(itemsize: int) -> int:
+    rows = RUNNING + 1
+    ring = rows * query_ring_bytes_per_request(VASE, LAYERS, Q_HEADS, HEAD_DIM, itemsize)
+    return ring + round_workspace_bytes(VASE, RoundShape(n_req=rows, n_layers=LAYERS, q_heads=Q_HEADS,
+                                                         kv_heads=KV_HEADS, head_dim=HEAD_DIM, itemsize=itemsize,
+                                                         total_kv_heads=KV_HEADS))
+
+
+def _reserved(kv_dtype: torch.dtype) -> int:
+    available = 10**12
+    return available - memory._reserve_policy_memory(lambda c: available, _configurator(kv_dtype))
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float32])
+def test_reserve_is_sized_in_the_kv_pool_dtype(server, kv_dtype: torch.dtype) -> None:
+    assert _reserved(kv_dtype) == _expected(torch.empty((), dtype=kv_dtype).element_size())
+
+
+def test_an_fp32_kv_cache_under_a_bf16_model_is_not_reserved_as_bf16(server) -> None:
+    assert _expected(4) != _expected(2)  # the shape tells the two apart
+    assert _reserved(torch.float32) == _expected(4)
