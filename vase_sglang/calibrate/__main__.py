@@ -258,8 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"calibrating {Path(path).name} on {len(ids)} prompts x {args.teachers} teacher(s), budgets "
           f"{args.budgets} ({len(todo)} to run), {arms_per_budget} policy runs per budget; estimated at most "
           f"{estimate / 60:.1f} min (less when teachers end early)", flush=True)
+    # Redrawn every 0.1 s on a terminal; into a log file (no terminal) every 30 s.
     with tqdm(total=round(estimate, 1), unit="s", desc="calibrate", bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} "
-              "est. s [{elapsed}<{remaining}]") as bar:
+              "est. s [{elapsed}<{remaining}]", mininterval=0.1 if sys.stderr.isatty() else 30) as bar:
         if not teacher_done:
             tokens, ends = sample_teacher(decoder, args.tokens, eos, temperature, top_p, seed=0,
                                           on_step=lambda: bar.update(t_step))
