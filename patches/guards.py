@@ -6,7 +6,11 @@
   TypeError and an HTTP 500. Check ``sampling_params`` against SamplingParams' own field
   types (msgspec, which SGLang already uses for them) and turn any error of the
   normalisation, which only reads the body, into a ValueError: HTTP 400 with the path.
-  After it, per-prompt fields must match the prompts (``rid``, a ``sampling_params`` list).
+  Stop regexes must compile, ``top_k`` fit the int32 the scheduler packs it in, and ``n``
+  be at most 1,024 (SGLang copies the request n times at once). After the normalisation,
+  per-prompt fields must match the prompts (``rid``, a ``sampling_params`` list, every
+  per-prompt list long enough for the batch), every per-prompt scalar field its type in
+  GenerateReqInput's own hints, and ``positional_embed_overrides`` be null over HTTP.
 * ``TokenizerManager._validate_one_request`` BEFORE: reject, with a ValueError (HTTP 400
   naming the field), a request that would otherwise crash the scheduler and with it the
   whole server: token ids outside the vocabulary (an ``IndexError`` in the embedding on
@@ -16,17 +20,31 @@
   scheduler; the OpenAI ``logprobs`` / ``top_logprobs`` become it). SGLang's own check that runs
   next rejects a prompt plus ``max_new_tokens`` beyond the context length.
 
-Both the native ``/generate`` and the OpenAI endpoints reach this check after
-tokenization, once per request of a batch.
+* ``fastapi.dependencies.utils.request_body_to_args`` AROUND: an exception other than a
+  validation error while a body is validated against its model (SGLang's OpenAI models
+  run "before" validators that assume the field types) becomes a validation error, which
+  SGLang answers with HTTP 400.
+
+Both the native ``/generate`` and the OpenAI endpoints reach these checks, the prompt
+check after tokenization, once per request of a batch. ``tests/fuzz_fields.py`` derives
+the fuzz that found most of them from SGLang's own request types.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+import typing
+from typing import Any, Literal, Optional, Union
 
 from .hooks import AROUND, BEFORE, hook
 
+# Parallel samples per prompt: SGLang expands a request into n copies before anything else
+# looks at it, so n = 2**31 exhausted the machine's memory (the kernel killed the server).
+# OpenAI's API allows 128; 1024 leaves room for RL rollouts through the Engine.
+MAX_PARALLEL_SAMPLES = 1024
+# SamplingParams fields the scheduler packs into int32 tensors: a larger value raised an
+# overflow error there and the whole server exited.
+INT32_SAMPLING_FIELDS = ("top_k",)
 # SamplingParams fields filled by SGLang itself, not by a client.
 INTERNAL_SAMPLING_FIELDS = ("stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len",
                             "is_normalized", "ebnf_full_assistant")
@@ -66,6 +84,29 @@ def check_sampling_params(value: Any, field: str = "sampling_params") -> None:
             msgspec.convert(item, _sampling_body_type())
         except msgspec.ValidationError as exc:
             raise ValueError(f"{where}: {str(exc).replace('$.', where + '.')}") from None
+        check_stop_regex(item.get("stop_regex"), f"{where}.stop_regex")
+        samples = item.get("n")
+        if isinstance(samples, int) and samples > MAX_PARALLEL_SAMPLES:
+            raise ValueError(f"{where}.n = {samples}: at most {MAX_PARALLEL_SAMPLES} samples per prompt")
+        for name in INT32_SAMPLING_FIELDS:
+            value = item.get(name)
+            if isinstance(value, int) and not -(2**31) <= value < 2**31:
+                raise ValueError(f"{where}.{name} = {value}: out of range (at most {2**31 - 1}; -1 disables it)")
+
+
+def check_stop_regex(value: Any, field: str = "stop_regex") -> None:
+    """Raise ValueError naming the field unless every stop regex compiles: SGLang compiles
+    them with ``re`` while it tokenizes the request, where ``re.error`` was an HTTP 500."""
+    import re
+
+    for i, pattern in enumerate(value if isinstance(value, list) else [value]):
+        if not isinstance(pattern, str):
+            continue  # None, or a wrong type that the msgspec check above names
+        try:
+            re.compile(pattern)
+        except (re.error, RecursionError, OverflowError) as exc:
+            where = f"{field}[{i}]" if isinstance(value, list) else field
+            raise ValueError(f"{where}: not a regular expression ({exc})") from None
 
 
 @hook("sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments", AROUND)
@@ -79,6 +120,10 @@ def _normalize_or_400(original, obj: Any, *args: Any, **kwargs: Any) -> Any:
         # The normalisation only reads the body: its failures are malformed input.
         raise ValueError(f"malformed request body: {type(exc).__name__}: {exc}") from exc
     check_batch_shapes(obj, given_len)
+    check_request_fields(obj)
+    check_positional_embeds(obj)
+    check_session_params(getattr(obj, "session_params", None))
+    check_batch_items(obj)
     return result
 
 
@@ -100,11 +145,172 @@ def check_batch_shapes(obj: Any, sampling_params_given: int | None) -> None:
         raise ValueError("rid: expected a list of strings, one per prompt")
 
 
+@hook("fastapi.dependencies.utils.request_body_to_args", AROUND)
+async def _body_validation_or_400(original, body_fields: Any, received_body: Any, *args: Any,
+                                  **kwargs: Any) -> Any:
+    # SGLang's OpenAI models run "before" validators that assume the field types (e.g.
+    # response_format.get()); pydantic turns only their ValueErrors into validation
+    # errors, so a wrong type surfaced as an AttributeError and an HTTP 500. Validating a
+    # client's body only reads it: report the failure as a validation error (HTTP 400).
+    try:
+        return await original(body_fields, received_body, *args, **kwargs)
+    except (AttributeError, TypeError, KeyError, IndexError) as exc:
+        return {}, [{"type": "value_error", "loc": ("body",), "input": None,
+                     "msg": f"malformed request body: {type(exc).__name__}: {exc}"}]
+
+
+def check_session_params(value: Any) -> None:
+    """Raise ValueError unless ``session_params`` is null or an object SGLang's SessionParams
+    accepts (same msgspec check SGLang's own types use): the tokenizer manager builds
+    ``SessionParams(**value)``, where an unknown key was a TypeError and an HTTP 500."""
+    import msgspec
+    from sglang.srt.managers.io_struct import SessionParams
+
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise ValueError(f"session_params: expected an object, got {type(value).__name__}")
+    try:
+        SessionParams(**value)
+    except (TypeError, ValueError, msgspec.ValidationError) as exc:
+        raise ValueError(f"session_params: {exc}") from None
+
+
+def check_positional_embeds(obj: Any) -> None:
+    """Raise ValueError unless ``positional_embed_overrides`` is what SGLang's scheduler
+    reads: None, a PositionalEmbeds, or a list of them (or None) per prompt. Only Python
+    callers can build one (it holds tensors; SGLang types the field ``Any`` for that
+    reason), so any JSON value but null is refused; the scheduler called ``.reconstruct()``
+    on a float from ``[null, 7e16]`` and the whole server exited."""
+    from sglang.srt.managers.embed_types import PositionalEmbeds
+
+    value = getattr(obj, "positional_embed_overrides", None)
+    items = value if isinstance(value, list) else [value]
+    if all(item is None or isinstance(item, PositionalEmbeds) for item in items):
+        return
+    raise ValueError("positional_embed_overrides: only the Python Engine API can pass PositionalEmbeds objects; "
+                     "over HTTP send null")
+
+
+def check_batch_items(obj: Any) -> None:
+    """Raise ValueError when a normalised batch cannot be split into its prompts as SGLang's
+    tokenizer manager splits it (``obj[i]`` for each id in ``rid``, and ``bootstrap_room[i]``):
+    a per-prompt list shorter than the batch (``"audio_data": []`` with two prompts) raised
+    an IndexError there, an HTTP 500."""
+    import dataclasses
+
+    if getattr(obj, "is_single", True) or not isinstance(obj.rid, list):
+        return
+    n = len(obj.rid)
+    short = [f.name for f in dataclasses.fields(obj)
+             if isinstance(getattr(obj, f.name), list) and len(getattr(obj, f.name)) < n]
+    rooms = getattr(obj, "bootstrap_room", None)
+    if isinstance(rooms, list) and rooms and len(rooms) < n:
+        raise ValueError(f"bootstrap_room: {len(rooms)} values for {n} prompts; send one per prompt")
+    try:
+        for i in range(n):
+            obj[i]
+    except (IndexError, KeyError, TypeError) as exc:
+        raise ValueError(f"{', '.join(short) or 'a per-prompt field'}: fewer values than the {n} prompts "
+                         f"({type(exc).__name__}: {exc}); send one value per prompt") from None
+
+
+# The scalar types a field's value is checked against; other types (dicts, nested lists,
+# classes) are left to SGLang and to the specific checks in this module.
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _is_scalar_hint(hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return True
+    if origin is Union:
+        return all(_is_scalar_hint(arg) for arg in typing.get_args(hint))
+    return hint in _SCALARS
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is of the scalar ``hint`` (JSON's view: an int is a float, a bool is
+    neither)."""
+    origin = typing.get_origin(hint)
+    if origin is Union:
+        return any(_matches(value, arg) for arg in typing.get_args(hint))
+    if origin is Literal:
+        return any(type(value) is type(choice) and value == choice for choice in typing.get_args(hint))
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return value is None
+
+
+def _describe(hint: Any) -> str:
+    if isinstance(hint, type):
+        return "null" if hint is type(None) else hint.__name__
+    return str(hint).replace("typing.", "").replace("NoneType", "null")
+
+
+@functools.cache
+def _request_field_forms() -> dict[str, tuple[Any, Any]]:
+    """GenerateReqInput's fields that hold one scalar per prompt, derived from its type
+    hints: name -> (the type for one prompt, the type of a batch list's items or None when
+    the field has no list form). ``Union[List[X], X]`` is such a field with a batch form,
+    ``Optional[int]`` one without; fields of other types are not listed."""
+    import dataclasses
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    hints = typing.get_type_hints(GenerateReqInput)
+    forms: dict[str, tuple[Any, Any]] = {}
+    for f in dataclasses.fields(GenerateReqInput):
+        hint = hints[f.name]
+        if _is_scalar_hint(hint):
+            forms[f.name] = (hint, None)
+            continue
+        if typing.get_origin(hint) is not Union:
+            continue
+        args = typing.get_args(hint)
+        scalars = [a for a in args if _is_scalar_hint(a)]
+        items = [typing.get_args(a)[0] for a in args if typing.get_origin(a) is list]
+        if any(a is not type(None) for a in scalars) and len(items) == 1 and _is_scalar_hint(items[0]):
+            forms[f.name] = (Union[tuple(scalars)], items[0])  # noqa: UP007 (a Union built at run time)
+    return forms
+
+
+def check_request_fields(obj: Any) -> None:
+    """Raise ValueError naming the field when a per-prompt scalar field of a normalised
+    GenerateReqInput has the wrong type or form: a list for one prompt, or a value outside
+    its declared type. SGLang reads such fields deep in the scheduler, where a wrong type
+    raises and the whole server exits (a list ``lora_id`` or ``return_hidden_states`` for
+    one prompt did). The fields and types come from SGLang's own hints, so a field added
+    upstream is checked without a change here."""
+    single = getattr(obj, "is_single", True)
+    for name, (scalar, item) in _request_field_forms().items():
+        value = getattr(obj, name, None)
+        if value is None or _matches(value, scalar):
+            continue
+        if isinstance(value, list) and item is not None and not single:
+            bad = [i for i, v in enumerate(value) if not _matches(v, item)]
+            if not bad:
+                continue
+            raise ValueError(f"{name}[{bad[0]}] = {value[bad[0]]!r:.80}: expected {_describe(item)}")
+        if isinstance(value, list) and item is not None:
+            raise ValueError(f"{name}: a list for one prompt; send one value of {_describe(scalar)}")
+        raise ValueError(f"{name} = {value!r:.80}: expected {_describe(scalar)}"
+                         + (" or a list of them, one per prompt" if item is not None else ""))
+
+
 def check_prompt_ids(input_ids: Any, vocab_size: int, field: str = "input_ids") -> None:
     """Raise ValueError naming ``field`` if the prompt is empty or holds an id outside
     ``[0, vocab_size)`` (or anything that is not an integer)."""
     if input_ids is None:
         return
+    if not isinstance(input_ids, list):  # e.g. one id per prompt, when text and input_ids disagree on the batch
+        raise ValueError(f"{field}: expected a list of token ids, got {type(input_ids).__name__}")
     if len(input_ids) == 0:
         raise ValueError(f"{field}: the prompt is empty; send at least one token")
     for i, token in enumerate(input_ids):

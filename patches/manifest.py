@@ -57,6 +57,10 @@ MANIFEST: tuple[Target, ...] = (
     Target("sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments", AROUND, "main",
            "type-check sampling_params and answer a malformed /generate body with HTTP 400, not 500",
            ("self",)),
+    Target("fastapi.dependencies.utils.request_body_to_args", AROUND, "main",
+           "an exception in SGLang's own pydantic validators of an OpenAI body (e.g. a list response_format) "
+           "is the client's malformed input: HTTP 400, not 500",
+           ("body_fields", "received_body", "embed_body_fields")),
     Target("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", BEFORE, "main",
            "reject out-of-vocabulary token ids and empty prompts with HTTP 400 before they crash the scheduler",
            ("self", "obj", "input_ids")),

@@ -1,24 +1,30 @@
-"""Bad input never kills the server (issue 13, part 1).
+"""Bad input never kills the server (issues 13 and 21).
 
 A request with an out-of-vocabulary token id used to crash the scheduler (an IndexError
 in the embedding), and SGLang then stopped every process, with ``--kv-policy vase`` and
-with ``none``. Now such input, an empty prompt, and a prompt plus ``max_new_tokens``
-beyond the context all get HTTP 400 naming the field. A hypothesis fuzz then sends
-thousands of request bodies with random JSON types and values in every field we read
-(``custom_params`` included) to ``/generate``, ``/v1/completions`` and
-``/v1/chat/completions``: every answer is 200 or 4xx, the server stays up, and afterwards
-it answers a normal request with the same tokens as before, with 0 KV slots in use.
+with ``none``; so did a huge ``top_logprobs_num`` and a list ``lora_id`` for one prompt.
+Such input gets HTTP 400 naming the field. A hypothesis fuzz derived from SGLang's own
+request types (``fuzz_fields``: every field of ``GenerateReqInput`` and of the pydantic
+model of every other client route) then sends thousands of bodies, to a ``vase`` and to a
+``none`` server: every answer is 200 or 4xx, the server stays up, and afterwards it
+answers a normal request with the same tokens as before, with 0 KV slots in use.
+
+``VASE_FUZZ_SCALE`` multiplies the number of bodies (``scripts/reliability.sh --long``
+uses 10); with ``VASE_RESULTS`` set the counts go to ``reliability/fuzz-<policy>.json``.
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
+import os
+from collections import Counter, defaultdict
+from typing import Any
 
+import fuzz_fields
 import pytest
 import requests
-from e2e_helpers import PROMPT, tokens, wait_idle
-from hypothesis import HealthCheck, given, settings
+from e2e_helpers import PROMPT, record, tokens, wait_idle
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from vase_sglang.patches.guards import check_logprob_start, check_prompt_ids, check_top_logprobs
@@ -26,11 +32,8 @@ from vase_sglang.patches.guards import check_logprob_start, check_prompt_ids, ch
 pytestmark = pytest.mark.e2e
 
 CONTEXT = 160  # bounds each generation; rounds still run (region 32 + 8)
-VOCAB = 600  # above the tiny test model's vocabulary (about 500 BPE tokens): fuzzed ids hit both sides
 FUZZ_ARGS = ("--kv-policy", "vase", "--kv-budget", "32", "--kv-recent", "8", "--kv-seed", "3",
              "--context-length", str(CONTEXT))
-EXAMPLES = {"generate": 1500, "completions": 600, "chat": 600}
-STATUS: Counter[int] = Counter()  # every answer of the fuzz, for the report
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +114,34 @@ OOV = -1000  # replaced by the model's vocabulary size
     ("/generate", {"text": "hi", "rid": ["x", "y"]}, "rid: one prompt takes one string id"),
     ("/generate", {"text": ["a", "b", "c"], "sampling_params": [{"max_new_tokens": 2}]},
      "sampling_params: 1 objects for 3 prompts"),
+    # Each killed the whole server (the scheduler read a per-prompt field as a list), found by
+    # the derived fuzz: issue 21.
+    ("/generate", {"text": "hi", "lora_id": ["a"]}, "lora_id: a list for one prompt"),
+    ("/generate", {"text": "hi", "return_hidden_states": [False]}, "return_hidden_states: a list for one prompt"),
+    # An HTTP 500 (SGLang splits a batch with obj[i]), found by the derived fuzz: issue 21.
+    ("/generate", {"input_ids": [[5, 6], [7]], "audio_data": []}, "audio_data: fewer values than the 2 prompts"),
+    # An HTTP 500 (the prompt-id guard itself got one id per prompt), found by the derived fuzz.
+    ("/generate", {"input_ids": [5, 6, 7], "text": ["a"]}, "input_ids: expected a list of token ids"),
+    # HTTP 500s (re.error while SGLang tokenized the request), found by the derived fuzz.
+    ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 4, "stop_regex": "a[b"},
+     "sampling_params.stop_regex: not a regular expression"),
+    ("/generate", {"text": "hi", "sampling_params": {"stop_regex": ["ok", "(x"]}},
+     "sampling_params.stop_regex[1]: not a regular expression"),
+    # Killed the server (an int32 overflow packing the batch's top_k), found by the derived fuzz.
+    ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 4, "top_k": 10**12},
+     "sampling_params.top_k = 1000000000000: out of range"),
+    # An HTTP 500 (SGLang's pydantic "before" validator called .get() on the list), found by
+    # the derived fuzz.
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                              "response_format": [{}]}, "malformed request body: AttributeError"),
+    # An HTTP 500 (SessionParams(**value) with an unknown key), found by the derived fuzz.
+    ("/generate", {"text": "hi", "session_params": {"bogus": 1}}, "session_params:"),
+    # Killed the server (2**31 copies of the request exhausted memory), found by the derived fuzz.
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                              "n": 2**31}, "sampling_params.n = 2147483648: at most 1024"),
+    # Killed the server (the scheduler called .reconstruct() on the float), found by the derived fuzz.
+    ("/generate", {"input_ids": [[5, 6], [7]], "positional_embed_overrides": [None, 7e16]},
+     "positional_embed_overrides: only the Python Engine API"),
 ])
 def test_bad_input_is_a_400_naming_the_field(guard_server, baseline, vocab, path: str, body: dict,
                                              field: str) -> None:
@@ -122,58 +153,30 @@ def test_bad_input_is_a_400_naming_the_field(guard_server, baseline, vocab, path
 
 
 # ---- the fuzz ------------------------------------------------------------------------
-json_leaf = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
-             | st.text(max_size=12))
-json_any = st.recursive(json_leaf, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c,
-                                                                                             max_size=4),
-                        max_leaves=8)
+SCALE = float(os.environ.get("VASE_FUZZ_SCALE", "1"))
+MAIN_EXAMPLES = {"/generate": 800, "/v1/completions": 400, "/v1/chat/completions": 400}
+OTHER_EXAMPLES = 25  # each other client route (24 in SGLang 0.5.23)
+NONE_ARGS = ("--kv-policy", "none", "--context-length", str(CONTEXT))
+# Per policy and route: answers by status, and the first body after which the server died.
+REPORT: dict[str, dict[str, Any]] = defaultdict(lambda: {"status": defaultdict(Counter), "fatal": None})
 
 
-def either(plausible: st.SearchStrategy) -> st.SearchStrategy:
-    return st.one_of(plausible, json_any)
+@pytest.fixture(scope="module", params=["vase", "none"])
+def fuzz_server(request, tiny_model, server_dir):
+    if request.param == "vase":
+        return request.getfixturevalue("guard_server")
+    from conftest import _server
+
+    return _server(request, "guards-none", tiny_model, server_dir, *NONE_ARGS)
 
 
-small_count = either(st.integers(-3, 6) | st.integers(10**4, 10**12))
-probability = either(st.floats(-0.5, 1.5, allow_nan=False))
-token_ids = either(st.lists(st.integers(-3, VOCAB + 3), max_size=10))
-kv_fields = st.fixed_dictionaries({}, optional={
-    "kv_policy": either(st.sampled_from(["vase", "none", "snapkv", "rkv", "curdkv", "vase-dkv", "streamingllm",
-                                         "random", "bogus"])),
-    "kv_budget": either(st.sampled_from([0, 8, 16, 24, 32, 40, 64, -8])),
-    "kv_n_large": either(st.integers(-2, 40)),
-    "kv_seed": either(st.integers(-2, 2**64)),
-    "kv_recent": either(st.integers(-1, 16)),
-    "kv_budjet": json_any,
-    "__vase_validated__": json_any,
-})
-sampling = st.fixed_dictionaries({}, optional={
-    "max_new_tokens": small_count, "temperature": either(st.floats(-1, 3, allow_nan=False)),
-    "top_p": probability, "top_k": either(st.integers(-2, 50)), "min_p": probability,
-    "frequency_penalty": either(st.floats(-3, 3, allow_nan=False)),
-    "presence_penalty": either(st.floats(-3, 3, allow_nan=False)),
-    "repetition_penalty": either(st.floats(-1, 3, allow_nan=False)),
-    "stop": either(st.text(max_size=4) | st.lists(st.text(max_size=4), max_size=3)),
-    "stop_token_ids": token_ids, "ignore_eos": either(st.booleans()), "n": either(st.integers(-1, 3)),
-    "skip_special_tokens": either(st.booleans()), "custom_params": either(kv_fields),
-    "sampling_seed": either(st.integers(-2, 2**64)),
-})
-native_body = st.fixed_dictionaries({}, optional={
-    "text": either(st.text(max_size=30)), "input_ids": token_ids, "sampling_params": either(sampling),
-    "return_logprob": either(st.booleans()), "top_logprobs_num": either(st.integers(-1, 5)),
-    "logprob_start_len": either(st.integers(-3, 20)), "stream": st.booleans(),
-})
-openai_common = {
-    "model": either(st.just("m")), "max_tokens": small_count, "temperature": either(st.floats(-1, 3, allow_nan=False)),
-    "top_p": probability, "n": either(st.integers(-1, 3)), "stop": either(st.text(max_size=4)),
-    "seed": either(st.integers(-2, 2**64)), "stream": st.booleans(), "custom_params": either(kv_fields),
-    "frequency_penalty": either(st.floats(-3, 3, allow_nan=False)),
-}
-completions_body = st.fixed_dictionaries({"prompt": either(st.text(max_size=20) | token_ids)}, optional={
-    **openai_common, "logprobs": either(st.integers(-1, 6)), "echo": either(st.booleans())})
-message = st.fixed_dictionaries({"role": either(st.sampled_from(["user", "system", "assistant", "tool", "x"])),
-                                 "content": either(st.text(max_size=20))})
-chat_body = st.fixed_dictionaries({"messages": either(st.lists(message, max_size=3))}, optional={
-    **openai_common, "logprobs": either(st.booleans()), "top_logprobs": either(st.integers(-1, 6))})
+@pytest.fixture(scope="module")
+def fuzz_baseline(fuzz_server) -> list[int]:
+    return tokens(_normal(fuzz_server))
+
+
+def _policy(server) -> str:
+    return "vase" if server.name == "guards" else "none"
 
 
 def _post(server, path: str, body: dict) -> int:
@@ -187,33 +190,88 @@ def _post(server, path: str, body: dict) -> int:
                 code = json.loads(line[6:]).get("error", {}).get("code", 500)
                 status = code if isinstance(code, int) else 500
     r.close()
-    STATUS[status] += 1
     return status
 
 
 def _fuzz(server, path: str, strategy: st.SearchStrategy, examples: int) -> None:
-    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    report = REPORT[_policy(server)]
+
+    # No shrinking: once the server is dead every body fails, and the first one is the finding.
+    @settings(max_examples=max(1, int(examples * SCALE)), deadline=None, derandomize=True, database=None,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
     @given(body=strategy)
     def run(body: dict) -> None:
-        status = _post(server, path, body)
-        assert status < 500, f"{path} answered {status} to {json.dumps(body)[:400]}"
-        assert server.alive(), f"the server died on {path} {json.dumps(body)[:400]}"
+        try:
+            status = _post(server, path, body)
+        except requests.RequestException:
+            status = 0  # no answer, or one cut short
+        report["status"][path][status] += 1
+        text = json.dumps(body)[:600]
+        if not server.alive() and report["fatal"] is None:
+            report["fatal"] = {"path": path, "body": text}
+        assert server.alive(), f"the server died on {path} {text}"
+        assert 0 < status < 500, f"{path} answered {status or 'nothing'} to {text}"
 
     run()
 
 
-@pytest.mark.parametrize(("path", "strategy"), [("/generate", native_body), ("/v1/completions", completions_body),
-                                                ("/v1/chat/completions", chat_body)],
-                         ids=["generate", "completions", "chat"])
-def test_fuzzed_bodies_never_get_a_5xx(guard_server, baseline, path: str, strategy: st.SearchStrategy) -> None:
-    key = {"/generate": "generate", "/v1/completions": "completions", "/v1/chat/completions": "chat"}[path]
-    _fuzz(guard_server, path, strategy, EXAMPLES[key])
+def test_every_client_route_is_fuzzed_or_named_an_operator_route() -> None:
+    """A POST route added upstream fails here until it is placed: fuzzed, or an operator's."""
+    routes = fuzz_fields.post_routes()
+    assert set(fuzz_fields.MAIN) <= set(routes)
+    assert fuzz_fields.OPERATOR <= set(routes), sorted(fuzz_fields.OPERATOR - set(routes))
+    assert len(fuzz_fields.serving_routes()) >= 20
+    assert len(fuzz_fields.generate_fields()) >= 60  # GenerateReqInput's fields, not a hand-picked few
 
 
-def test_after_the_fuzz_the_server_answers_as_before(guard_server, baseline) -> None:
-    assert guard_server.alive()
-    assert tokens(_normal(guard_server)) == baseline
-    assert wait_idle(guard_server) == 0
-    assert "Scheduler hit an exception" not in guard_server.log_text()
-    print(f"fuzz answers by status: {dict(sorted(STATUS.items()))}")
+@pytest.mark.parametrize("path", fuzz_fields.MAIN)
+def test_fuzzed_bodies_never_get_a_5xx(fuzz_server, fuzz_baseline, path: str) -> None:
+    routes = fuzz_fields.serving_routes()
+    _fuzz(fuzz_server, path, fuzz_fields.route_bodies(path, routes[path]), MAIN_EXAMPLES[path])
+
+
+# Routes where the fuzz still gets an HTTP 500 (or a stream cut short) from SGLang's own
+# handlers, not yet guarded; the server survives each. A route missing from this list that
+# answers 5xx fails the test, and so does any death.
+KNOWN_5XX = frozenset({
+    "/encode", "/classify",  # a list of sampling_params with one prompt
+    "/parse_function_call", "/separate_reasoning",  # an unknown or missing parser name
+    "/v1/embeddings", "/v1/classify",  # a rid list that does not match the inputs
+    "/detokenize", "/v1/detokenize",  # token ids outside the vocabulary
+    "/api/chat",  # the Ollama stream ends without a final chunk
+})
+
+
+def test_every_other_client_route_never_gets_a_5xx(fuzz_server, fuzz_baseline) -> None:
+    """Every other client route: the server never dies; no 5xx outside ``KNOWN_5XX``."""
+    failures = {}
+    for path, kind in fuzz_fields.serving_routes().items():
+        if path in fuzz_fields.MAIN:
+            continue
+        try:
+            _fuzz(fuzz_server, path, fuzz_fields.route_bodies(path, kind), OTHER_EXAMPLES)
+        except AssertionError as exc:  # go on with the other routes while the server lives
+            failures[path] = str(exc).splitlines()[0][:300]
+            if not fuzz_server.alive():
+                break
+    REPORT[_policy(fuzz_server)]["known_5xx_routes"] = sorted(failures)
+    assert fuzz_server.alive(), json.dumps(failures, indent=1)
+    assert set(failures) <= KNOWN_5XX, json.dumps({p: f for p, f in failures.items() if p not in KNOWN_5XX}, indent=1)
+
+
+def test_after_the_fuzz_the_server_answers_as_before(fuzz_server, fuzz_baseline) -> None:
+    assert fuzz_server.alive()
+    assert tokens(_normal(fuzz_server)) == fuzz_baseline
+    assert wait_idle(fuzz_server) == 0
+    assert "Scheduler hit an exception" not in fuzz_server.log_text()
+    policy = _policy(fuzz_server)
+    report = REPORT[policy]
+    totals = Counter()
+    for counts in report["status"].values():
+        totals.update(counts)
+    record(f"reliability/fuzz-{policy}", {
+        "policy": policy, "scale": SCALE, "bodies": sum(totals.values()),
+        "status": {str(k): v for k, v in sorted(totals.items())},
+        "by_route": {p: {str(k): v for k, v in sorted(c.items())} for p, c in report["status"].items()},
+        "fatal": report["fatal"], "routes_with_5xx": report.get("known_5xx_routes"),
+        "same_tokens_after": True, "slots_in_use_after": 0})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import types
+from typing import Any
 
 # The functions SGLang's child processes run; each calls load_plugins() itself.
 SCHEDULER_ENTRY = "run_scheduler_process"
@@ -36,11 +37,11 @@ def _role() -> str:
     return "main"
 
 
-# Hook targets that live in the main (HTTP / tokenizer) process.
-MAIN_TARGETS = (
-    "sglang.srt.arg_groups.", "sglang.srt.server_args.", "sglang.srt.sampling.",
-    "sglang.srt.managers.tokenizer_manager.", "sglang.srt.entrypoints.http_server.", "sglang.srt.managers.io_struct.",
-)
+def _in_main(hook: Any) -> bool:
+    """Whether a queued hook belongs to the main (HTTP / tokenizer) process: its manifest entry says."""
+    from vase_sglang.patches import manifest
+
+    return manifest.BY_TARGET[hook.target].process == "main"
 
 
 def register() -> None:
@@ -51,7 +52,7 @@ def register() -> None:
     if role == "main":
         from vase_sglang.patches import guards, io, lifecycle, server_args  # noqa: F401 - importing queues the hooks
 
-        hooks.apply(hooks.take(lambda h: h.target.startswith(MAIN_TARGETS)))
+        hooks.apply(hooks.take(_in_main))
         _install_engine_factory()
         if "sglang.srt.entrypoints.http_server" in sys.modules:
             # Already inside launch_server (sgl.Runtime's server process), past the hook
@@ -63,7 +64,7 @@ def register() -> None:
     if role == "scheduler" and exported_config().evicts:
         from vase_sglang.patches import decode, io, memory  # noqa: F401
 
-        queued = hooks.take(lambda h: not h.target.startswith(MAIN_TARGETS))
+        queued = hooks.take(lambda h: not _in_main(h))
         queued += [hooks.Hook(t, fn, hooks.AROUND) for t, fn in decode.backend_hooks()]
         hooks.apply(queued)
         _install_scheduler_globals()
