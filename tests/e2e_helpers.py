@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import requests
 from server import cpu_env
@@ -38,3 +42,17 @@ def wait_idle(server, timeout: float = 60) -> int:
         time.sleep(0.5)
         used = server.used_tokens()
     return used
+
+
+def record(name: str, figures: dict[str, Any]) -> Path | None:
+    """Write a test's measured figures to ``$VASE_RESULTS/<name>.json`` when the variable is
+    set (``scripts/reliability.sh`` sets it to ``results/``), and print them either way."""
+    print(f"{name}: {json.dumps(figures)}")
+    root = os.environ.get("VASE_RESULTS")
+    if not root:
+        return None
+    path = Path(root) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"measured_by": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
+                                **figures}, indent=2) + "\n")
+    return path

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import ADMISSION_POOL
-from e2e_helpers import PROMPT, REGION, SEED, B, R, greedy, tokens, wait_idle
+from e2e_helpers import PROMPT, REGION, SEED, B, R, greedy, record, tokens, wait_idle
 from reference_decode import ReferenceDecoder
 
 pytestmark = pytest.mark.e2e
@@ -45,6 +45,7 @@ def test_a_retracted_request_is_evicted_back_to_its_budget_and_matches_the_refer
     retracted = [(p, o) for p, o in zip(prompts, outs, strict=True) if o["meta_info"]["kv_reprefilled_tokens"]]
     assert retracted, "SGLANG_TEST_RETRACT should have retracted a request past its first tokens"
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    worst_by_request = []
     for prompt, out in retracted:
         meta = out["meta_info"]
         reprefills = [int(g) for g in meta["kv_reprefilled_tokens"].split(",")]
@@ -66,7 +67,13 @@ def test_a_retracted_request_is_evicted_back_to_its_budget_and_matches_the_refer
         server_lp = [lp for lp, _, _ in meta["output_token_logprobs"]]
         worst = max(abs(a - b) for a, b in zip(server_lp, ref_lp, strict=True))
         assert worst < 1e-4, f"re-prefilled at {reprefills}: max |logprob diff| = {worst}"
+        worst_by_request.append(worst)
     assert wait_idle(retract_server) == 0
+    record("reliability/retraction", {
+        "requests": len(prompts), "tokens_each": n_new, "retracted_requests": len(retracted),
+        "reprefills": [len(o["meta_info"]["kv_reprefilled_tokens"].split(",")) for _, o in retracted],
+        "region_len_max": max(o["meta_info"]["kv_region_len"] for _, o in retracted), "region_bound": REGION,
+        "max_abs_logprob_diff_to_reference": max(worst_by_request), "slots_in_use_after": 0})
 
 
 def test_static_admission_runs_four_times_the_full_cache_batch(admission_server) -> None:

@@ -18,6 +18,7 @@ import psutil
 import pytest
 import requests
 from conftest import VASE_ARGS
+from e2e_helpers import record
 from server import Server
 
 from vase_sglang.patches.lifecycle import DRAIN_ENV, drain_timeout
@@ -75,6 +76,10 @@ def test_sigterm_during_rounds_exits_cleanly_within_the_timeout(tiny_model, serv
             assert code == 200 and isinstance(body, dict), (code, str(body)[:300])
             assert body["meta_info"]["finish_reason"]["type"] == "abort"
             assert body["meta_info"]["completion_tokens"] < 4000
-        print(f"SIGTERM to exit: {elapsed:.1f} s (drain limit {DRAIN_SECONDS} s)")
+        record("reliability/shutdown", {
+            "sigterm_to_exit_s": round(elapsed, 1), "drain_limit_s": DRAIN_SECONDS, "exit_within_s": EXIT_WITHIN,
+            "exit_status": status, "clients": len(answers), "clients_answered_abort": len(answers),
+            "completion_tokens": [body["meta_info"]["completion_tokens"] for _, body in answers],
+            "processes_left": len(alive)})
     finally:
         srv.stop()

@@ -316,8 +316,11 @@ def test_request_state_goes_with_the_request() -> None:
     assert sched.summary()["tracked_requests"] == 0
 
 
-def test_round_statistics_stay_bounded_over_10000_rounds() -> None:
-    sched = _scheduler(cfg=PolicyConfig(policy="streamingllm", budget=16, recent=4, sinks=2))
+@pytest.mark.parametrize("policy", ["streamingllm", "vase"])
+def test_round_statistics_stay_bounded_over_10000_rounds(policy: str) -> None:
+    """streamingllm's round only compacts; vase's also scores the window attention and the
+    value range and draws noise: both paths run 10,000 times without growing."""
+    sched = _scheduler(cfg=PolicyConfig(policy=policy, budget=16, recent=4, sinks=2))
     req = FakeReq("a", 1, 2)
     full = 2 + CFG.region_size
 

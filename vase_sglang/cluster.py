@@ -24,23 +24,11 @@ from typing import Any
 
 import requests
 
-from .server_process import ServerError, ServerProcess, free_port, group_alive
+from .server_process import ServerError, ServerProcess, cpu_share_env, free_port, group_alive
+
+__all__ = ["Cluster", "Gateway", "cpu_share_env", "prefix_hit_rate", "worker_metrics"]
 
 GATEWAY_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "least_load", "prefix_hash")
-
-
-def cpu_share_env(index: int, n_workers: int, cores: int) -> dict[str, str]:
-    """Environment for CPU worker ``index`` of ``n_workers`` on a ``cores``-core machine.
-
-    SGLang's CPU engine spreads its OpenMP threads over every core and lets them spin
-    while they wait: workers side by side then fight over all the cores (two workers on 2
-    cores took 6.5x longer than one). Each gets its own share of the cores, as many
-    threads as that share, and threads that sleep when idle.
-    """
-    share = max(1, cores // n_workers)
-    first = (index * share) % cores
-    return {"SGLANG_CPU_OMP_THREADS_BIND": f"{first}-{first + share - 1}" if share > 1 else str(first),
-            "OMP_NUM_THREADS": str(share), "OMP_WAIT_POLICY": "PASSIVE"}
 
 
 class Gateway:
@@ -98,12 +86,10 @@ class Cluster:
         self.workdir = workdir
         self.workers = [ServerProcess(f"worker{i}", model, ["--enable-metrics", *worker_args], device,
                                       workdir / f"worker{i}.log", workdir) for i in range(n_workers)]
-        cores = os.cpu_count() or 1
         for i, w in enumerate(self.workers):
             w.env.update(env or {})
             if device == "cpu" and n_workers > 1:
-                for key, value in cpu_share_env(i, n_workers, cores).items():
-                    w.env.setdefault(key, value)  # the caller's env (and the user's) wins
+                w.share_cpu(i, n_workers)
         self.policy = policy
         self.gateway: Gateway | None = None
 

@@ -58,6 +58,20 @@ def server_env(device: str) -> dict[str, str]:
     return env
 
 
+def cpu_share_env(index: int, n_workers: int, cores: int) -> dict[str, str]:
+    """Environment for CPU worker ``index`` of ``n_workers`` on a ``cores``-core machine.
+
+    SGLang's CPU engine spreads its OpenMP threads over every core and lets them spin
+    while they wait: workers side by side then fight over all the cores (two workers on 2
+    cores took 6.5x longer than one). Each gets its own share of the cores, as many
+    threads as that share, and threads that sleep when idle.
+    """
+    share = max(1, cores // n_workers)
+    first = (index * share) % cores
+    return {"SGLANG_CPU_OMP_THREADS_BIND": f"{first}-{first + share - 1}" if share > 1 else str(first),
+            "OMP_NUM_THREADS": str(share), "OMP_WAIT_POLICY": "PASSIVE"}
+
+
 class ServerProcess:
     """``python -m sglang.launch_server --model-path MODEL --port P <args>`` in its own group."""
 
@@ -73,6 +87,12 @@ class ServerProcess:
         self.env = server_env(device)
         self.proc: subprocess.Popen | None = None
         self.pgid: int | None = None
+
+    def share_cpu(self, index: int, n_servers: int, cores: int | None = None) -> None:
+        """Run as CPU server ``index`` of ``n_servers`` side by side on this machine
+        (``cpu_share_env``); variables already set, by the caller or the user, win."""
+        for key, value in cpu_share_env(index, n_servers, cores or os.cpu_count() or 1).items():
+            self.env.setdefault(key, value)
 
     def launch(self) -> None:
         with open(self.log_path, "wb") as log:

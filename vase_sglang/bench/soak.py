@@ -10,8 +10,8 @@ overrides), and samples every few seconds: the RSS of the server's process tree,
 in use, the size of the ``/kv_policy`` payload, and the round-latency figures. Afterwards
 it waits for the server to go idle and checks:
 
-* memory flat: RSS at the end within ``--rss-tolerance`` (default 10 %) of RSS after the
-  warm-up (the first ``--warmup`` seconds, when allocators and caches fill);
+* memory flat: RSS at the end at most ``--max-rss-growth-mib`` (default 32 MiB) above RSS
+  after the warm-up (the first ``--warmup`` seconds, when allocators and caches fill);
 * 0 KV slots in use once idle (no leak), 0 HTTP 5xx, the server never exited;
 * the ``/kv_policy`` payload stays the same size (bounded statistics).
 
@@ -39,6 +39,11 @@ from ..server_process import ServerProcess
 LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtest" / "locustfile.py"
 TAGS = ("long", "prefix", "mix", "n", "abort", "override")
 # SGLang's own leak and double-free checks (slower; the CI run turns them on).
+# The 30-minute run on the bundled model (results/soak) grew 9.8 MiB after its warm-up, in
+# three allocator steps of 3-5 MiB; 32 MiB allows a few more such steps, and a leak of
+# 8 KiB per request exceeds it over the run's 4,347 requests (a relative bound of 10 % of
+# the 5.5 GB process let 550 MB through).
+MAX_RSS_GROWTH_MIB = 32.0
 STRICT_CHECKS = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1", "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1"}
 
 
@@ -102,20 +107,21 @@ def _plot(samples: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def verdict(samples: list[dict], idle: dict, totals: dict, warmup: float, tolerance: float,
+def verdict(samples: list[dict], idle: dict, totals: dict, warmup: float, max_growth_mib: float,
             alive: bool) -> dict[str, Any]:
     after_warmup = [s for s in samples if s["t"] >= warmup] or samples
     start, end = after_warmup[0], idle
-    growth = (end["rss_mb"] - start["rss_mb"]) / start["rss_mb"]
+    growth = end["rss_mb"] - start["rss_mb"]
     checks = {
-        "memory_flat": growth <= tolerance,
+        "memory_flat": growth <= max_growth_mib,
         "no_leaked_slots": idle["used_slots"] == 0,
         "no_5xx": totals["http_5xx"] == 0,
         "no_crash": alive,
         "kv_policy_payload_bounded": end["kv_policy_bytes"] <= start["kv_policy_bytes"] + 64,
     }
-    return {"rss_start_mb": start["rss_mb"], "rss_end_mb": end["rss_mb"], "rss_growth": round(growth, 4),
-            "rss_tolerance": tolerance, "idle_used_slots": idle["used_slots"],
+    return {"rss_start_mb": start["rss_mb"], "rss_end_mb": end["rss_mb"], "rss_growth_mib": round(growth, 1),
+            "rss_growth": round(growth / start["rss_mb"], 4), "rss_max_growth_mib": max_growth_mib,
+            "idle_used_slots": idle["used_slots"],
             "kv_policy_bytes_start": start["kv_policy_bytes"], "kv_policy_bytes_end": end["kv_policy_bytes"],
             "checks": checks, "pass": all(checks.values())}
 
@@ -168,7 +174,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         totals = _locust_totals(prefix)
         result = {"command": " ".join(sys.argv), "duration_s": args.duration, "max_requests": args.max_requests,
                   "users": args.users, "locust": totals, "samples": samples, "idle": idle,
-                  "verdict": verdict(samples, idle, totals, args.warmup, args.rss_tolerance, alive)}
+                  "verdict": verdict(samples, idle, totals, args.warmup, args.max_rss_growth_mib, alive)}
     finally:
         stop.set()
         server.stop()
@@ -186,7 +192,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=400, help="tokens of a long request (default 400)")
     p.add_argument("--short-len", type=int, default=24, help="tokens of a short request (default 24)")
     p.add_argument("--warmup", type=float, default=60.0, help="seconds before the memory baseline (default 60)")
-    p.add_argument("--rss-tolerance", type=float, default=0.10, help="allowed RSS growth after warm-up (0.10)")
+    p.add_argument("--max-rss-growth-mib", type=float, default=MAX_RSS_GROWTH_MIB,
+                   help=f"allowed RSS growth after warm-up, MiB (default {MAX_RSS_GROWTH_MIB:g})")
     p.add_argument("--sample-every", type=float, default=5.0, help="seconds between samples (default 5)")
     p.add_argument("--model", help="model path (default: the bundled chain-qwen3 model)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
