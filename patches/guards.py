@@ -185,8 +185,10 @@ def check_positional_embeds(obj: Any) -> None:
     from sglang.srt.managers.embed_types import PositionalEmbeds
 
     value = getattr(obj, "positional_embed_overrides", None)
-    items = value if isinstance(value, list) else [value]
-    if all(item is None or isinstance(item, PositionalEmbeds) for item in items):
+    if value is None or isinstance(value, PositionalEmbeds):
+        return
+    batch = not getattr(obj, "is_single", True)  # a list is one entry per prompt, only in a batch
+    if batch and isinstance(value, list) and all(item is None or isinstance(item, PositionalEmbeds) for item in value):
         return
     raise ValueError("positional_embed_overrides: only the Python Engine API can pass PositionalEmbeds objects; "
                      "over HTTP send null")

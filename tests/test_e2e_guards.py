@@ -142,6 +142,8 @@ OOV = -1000  # replaced by the model's vocabulary size
     # Killed the server (the scheduler called .reconstruct() on the float), found by the derived fuzz.
     ("/generate", {"input_ids": [[5, 6], [7]], "positional_embed_overrides": [None, 7e16]},
      "positional_embed_overrides: only the Python Engine API"),
+    # Killed the server (an empty list read as one prompt's overrides), found by the fuzz in a fresh clone.
+    ("/generate", {"text": "hi", "positional_embed_overrides": []}, "positional_embed_overrides: only the Python"),
 ])
 def test_bad_input_is_a_400_naming_the_field(guard_server, baseline, vocab, path: str, body: dict,
                                              field: str) -> None:
