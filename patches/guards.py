@@ -204,8 +204,6 @@ def check_batch_items(obj: Any) -> None:
     if getattr(obj, "is_single", True) or not isinstance(obj.rid, list):
         return
     n = len(obj.rid)
-    short = [f.name for f in dataclasses.fields(obj)
-             if isinstance(getattr(obj, f.name), list) and len(getattr(obj, f.name)) < n]
     rooms = getattr(obj, "bootstrap_room", None)
     if isinstance(rooms, list) and rooms and len(rooms) < n:
         raise ValueError(f"bootstrap_room: {len(rooms)} values for {n} prompts; send one per prompt")
@@ -213,6 +211,9 @@ def check_batch_items(obj: Any) -> None:
         for i in range(n):
             obj[i]
     except (IndexError, KeyError, TypeError) as exc:
+        # Named only on failure: this runs for every batch request.
+        short = [f.name for f in dataclasses.fields(obj)
+                 if isinstance(getattr(obj, f.name), list) and len(getattr(obj, f.name)) < n]
         raise ValueError(f"{', '.join(short) or 'a per-prompt field'}: fewer values than the {n} prompts "
                          f"({type(exc).__name__}: {exc}); send one value per prompt") from None
 

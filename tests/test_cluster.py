@@ -29,7 +29,7 @@ def test_cluster_cli_refuses_zero_workers(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_cpu_workers_side_by_side_get_their_own_cores_threads_and_a_passive_wait() -> None:
-    from vase_sglang.cluster import cpu_share_env
+    from vase_sglang.server_process import cpu_share_env
 
     assert cpu_share_env(0, 2, 2) == {"SGLANG_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1",
                                       "OMP_WAIT_POLICY": "PASSIVE"}

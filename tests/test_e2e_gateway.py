@@ -2,12 +2,12 @@
 
 * One server with the whole machine, what a user runs without the cluster, against 2
   workers sharing it behind the gateway (each its core share, as many OpenMP threads and a
-  passive wait policy: ``cluster.cpu_share_env``), with cache-aware routing and
+  passive wait policy: ``server_process.cpu_share_env``), with cache-aware routing and
   round-robin, on two workloads: 16 shared prefixes x 3 questions (16 tokens each) and 8
   long outputs (200 tokens), 4 clients. The one server is also measured through a
   one-worker gateway, for the gateway's own overhead. Two workers must not take more than
-  1.3x the one server's time on the shared-prefix workload (the long-output ratio is
-  recorded: 1.19-1.50x on 2 cores).
+  1.3x the one server's time on the shared-prefix workload (the long-output ratio, which
+  varies widely from run to run on 2 cores, is recorded).
 * Prefix hit rates per worker from each worker's own Prometheus counters: cache-aware
   routing must beat round-robin.
 * One worker SIGKILLed mid-load, with streaming and non-streaming clients: what the
@@ -78,10 +78,16 @@ def one_server(tiny_model, tmp_path_factory) -> dict[str, Any]:
     srv.start()
     gateway = None
     try:
-        direct = {name: _timed(srv.url, jobs) for name, jobs in WORKLOADS.items()}
+        def from_empty_tree(url: str) -> dict[str, float]:  # as the cluster's workloads run (_measure)
+            times = {}
+            for name, jobs in WORKLOADS.items():
+                _flush([srv])
+                times[name] = _timed(url, jobs)
+            return times
+
+        direct = from_empty_tree(srv.url)
         gateway = Gateway([srv.url], "cache_aware", workdir).start()
-        requests.post(srv.url + "/flush_cache", timeout=30)
-        through = {name: _timed(gateway.url, jobs) for name, jobs in WORKLOADS.items()}
+        through = from_empty_tree(gateway.url)
     finally:
         if gateway is not None:
             gateway.stop()
@@ -98,9 +104,9 @@ def cluster(one_server, tiny_model, tmp_path_factory):
     c.stop()
 
 
-def _flush(cluster: Cluster) -> None:
-    """Empty every worker's radix tree (SGLang refuses while a request is queued: retry)."""
-    for w in cluster.workers:
+def _flush(servers: list) -> None:
+    """Empty every server's radix tree (SGLang refuses while a request is queued: retry)."""
+    for w in servers:
         assert wait_idle(w) == 0
         deadline = time.monotonic() + 60
         while requests.post(w.url + "/flush_cache", timeout=30).status_code != 200:
@@ -112,7 +118,7 @@ def _measure(cluster: Cluster, policy: str) -> dict:
     cluster.restart_gateway(policy)
     out: dict[str, Any] = {}
     for name, jobs in WORKLOADS.items():
-        _flush(cluster)
+        _flush(cluster.workers)
         before = [worker_metrics(w.url) for w in cluster.workers]
         seconds = _timed(cluster.url, jobs)
         after = [worker_metrics(w.url) for w in cluster.workers]
@@ -142,9 +148,8 @@ def test_two_workers_are_no_slower_than_one_server_and_route_by_prefix(cluster, 
     # Round-robin sends each prefix's requests to both workers: each computes it once.
     assert aware["shared_prefix"]["overall_hit_rate"] > rr["shared_prefix"]["overall_hit_rate"], figures
     # Two workers on the machine's cores are no slower than one server on all of them, on
-    # the shared-prefix work. On 8 long outputs two one-core workers took 1.19-1.50x the
-    # two-core server in four runs here (both routings), so that ratio is recorded and
-    # reported, not bounded.
+    # the shared-prefix work. On 8 long outputs the ratio ranged from 0.75x to 1.50x over
+    # five runs here (both routings), so it is recorded and reported, not bounded.
     assert ratios["shared_prefix"]["cache_aware"] <= SCALING_BOUND, ratios
     assert ratios["shared_prefix"]["round_robin"] <= SCALING_BOUND, ratios
 

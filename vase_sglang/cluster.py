@@ -24,9 +24,7 @@ from typing import Any
 
 import requests
 
-from .server_process import ServerError, ServerProcess, cpu_share_env, free_port, group_alive
-
-__all__ = ["Cluster", "Gateway", "cpu_share_env", "prefix_hit_rate", "worker_metrics"]
+from .server_process import ServerError, ServerProcess, free_port, group_alive
 
 GATEWAY_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "least_load", "prefix_hash")
 
