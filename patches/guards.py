@@ -1,7 +1,8 @@
 """Input guards (main process), for every server the plugin loads into, evicting or not.
 
-* ``GenerateReqInput.normalize_batch_and_arguments`` AROUND: the native ``/generate``
-  body is a plain dataclass, so a wrong type or shape (``"sampling_params": []``, a
+* ``GenerateReqInput.normalize_batch_and_arguments`` and the same on ``EmbeddingReqInput``
+  (``/encode``, ``/classify``, ``/v1/embeddings``, ``/v1/classify``) AROUND: the native
+  bodies are plain dataclasses, so a wrong type or shape (``"sampling_params": []``, a
   string temperature, an unknown sampling field) used to surface as an IndexError or
   TypeError and an HTTP 500. Check ``sampling_params`` against SamplingParams' own field
   types (msgspec, which SGLang already uses for them) and turn any error of the
@@ -110,14 +111,16 @@ def check_stop_regex(value: Any, field: str = "stop_regex") -> None:
 
 
 @hook("sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments", AROUND)
+@hook("sglang.srt.managers.io_struct.EmbeddingReqInput.normalize_batch_and_arguments", AROUND)
 def _normalize_or_400(original, obj: Any, *args: Any, **kwargs: Any) -> Any:
     check_sampling_params(getattr(obj, "sampling_params", None))
     given = getattr(obj, "sampling_params", None)
     given_len = len(given) if isinstance(given, list) else None
     try:
         result = original(obj, *args, **kwargs)
-    except (IndexError, KeyError, TypeError, AttributeError) as exc:
-        # The normalisation only reads the body: its failures are malformed input.
+    except (IndexError, KeyError, TypeError, AttributeError, AssertionError) as exc:
+        # The normalisation only reads the body: its failures are malformed input (the
+        # embedding body asserts that a batch's rid is a list).
         raise ValueError(f"malformed request body: {type(exc).__name__}: {exc}") from exc
     check_batch_shapes(obj, given_len)
     check_request_fields(obj)
@@ -130,7 +133,8 @@ def _normalize_or_400(original, obj: Any, *args: Any, **kwargs: Any) -> Any:
 def check_batch_shapes(obj: Any, sampling_params_given: int | None) -> None:
     """Raise ValueError for per-prompt fields whose shape does not match the prompts, which
     SGLang's normalisation lets through to fail later with an HTTP 500: a list ``rid`` for
-    one prompt, and a ``sampling_params`` list whose length is not the number of prompts."""
+    one prompt or of the wrong length, and a ``sampling_params`` list whose length is not
+    the number of prompts."""
     if getattr(obj, "is_single", True):
         if obj.rid is not None and not isinstance(obj.rid, str):
             raise ValueError(f"rid: one prompt takes one string id, got {type(obj.rid).__name__}")
@@ -143,6 +147,8 @@ def check_batch_shapes(obj: Any, sampling_params_given: int | None) -> None:
                          "send one object for all of them, or one per prompt")
     if isinstance(obj.rid, list) and any(not isinstance(r, str) for r in obj.rid):
         raise ValueError("rid: expected a list of strings, one per prompt")
+    if isinstance(obj.rid, list) and len(obj.rid) != prompts:  # the embedding body's normalisation lets it by
+        raise ValueError(f"rid: {len(obj.rid)} ids for {prompts} prompts; send one per prompt")
 
 
 @hook("fastapi.dependencies.utils.request_body_to_args", AROUND)
@@ -258,18 +264,17 @@ def _describe(hint: Any) -> str:
 
 
 @functools.cache
-def _request_field_forms() -> dict[str, tuple[Any, Any]]:
-    """GenerateReqInput's fields that hold one scalar per prompt, derived from its type
-    hints: name -> (the type for one prompt, the type of a batch list's items or None when
-    the field has no list form). ``Union[List[X], X]`` is such a field with a batch form,
-    ``Optional[int]`` one without; fields of other types are not listed."""
+def _request_field_forms(request_type: Any) -> dict[str, tuple[Any, Any]]:
+    """The fields of a request dataclass (GenerateReqInput, EmbeddingReqInput) that hold one
+    scalar per prompt, derived from its type hints: name -> (the type for one prompt, the
+    type of a batch list's items or None when the field has no list form).
+    ``Union[List[X], X]`` is such a field with a batch form, ``Optional[int]`` one without;
+    fields of other types are not listed."""
     import dataclasses
 
-    from sglang.srt.managers.io_struct import GenerateReqInput
-
-    hints = typing.get_type_hints(GenerateReqInput)
+    hints = typing.get_type_hints(request_type)
     forms: dict[str, tuple[Any, Any]] = {}
-    for f in dataclasses.fields(GenerateReqInput):
+    for f in dataclasses.fields(request_type):
         hint = hints[f.name]
         if _is_scalar_hint(hint):
             forms[f.name] = (hint, None)
@@ -286,13 +291,13 @@ def _request_field_forms() -> dict[str, tuple[Any, Any]]:
 
 def check_request_fields(obj: Any) -> None:
     """Raise ValueError naming the field when a per-prompt scalar field of a normalised
-    GenerateReqInput has the wrong type or form: a list for one prompt, or a value outside
+    GenerateReqInput or EmbeddingReqInput has the wrong type or form: a list for one prompt, or a value outside
     its declared type. SGLang reads such fields deep in the scheduler, where a wrong type
     raises and the whole server exits (a list ``lora_id`` or ``return_hidden_states`` for
     one prompt did). The fields and types come from SGLang's own hints, so a field added
     upstream is checked without a change here."""
     single = getattr(obj, "is_single", True)
-    for name, (scalar, item) in _request_field_forms().items():
+    for name, (scalar, item) in _request_field_forms(obj.__class__).items():
         value = getattr(obj, name, None)
         if value is None or _matches(value, scalar):
             continue

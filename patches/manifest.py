@@ -57,6 +57,25 @@ MANIFEST: tuple[Target, ...] = (
     Target("sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments", AROUND, "main",
            "type-check sampling_params and answer a malformed /generate body with HTTP 400, not 500",
            ("self",)),
+    Target("sglang.srt.managers.io_struct.EmbeddingReqInput.normalize_batch_and_arguments", AROUND, "main",
+           "the same checks for /encode, /classify, /v1/embeddings and /v1/classify (a rid list that does not "
+           "match the prompts was an HTTP 500)", ("self",)),
+    Target("sglang.srt.entrypoints.openai.serving_tokenize.OpenAIServingDetokenize._handle_non_streaming_request",
+           BEFORE, "main", "token ids outside the vocabulary are the client's error (HTTP 400), not a failed decode "
+           "(500)", ("self", "adapted_request", "request", "raw_request")),
+    Target("sglang.srt.function_call.function_call_parser.FunctionCallParser.__init__", AROUND, "main",
+           "an unknown tool_call_parser on /parse_function_call is an HTTP 400 (the handler lets the ValueError "
+           "through as a 500)", ("self", "tools", "tool_call_parser", "tokenizer", "tool_choice", "prefix",
+                                 "constrained")),
+    Target("sglang.srt.parser.reasoning_parser.ReasoningParser.__init__", AROUND, "main",
+           "an unknown reasoning_parser on /separate_reasoning is an HTTP 400, not a 500",
+           ("self", "model_type", "stream_reasoning", "force_reasoning", "request", "tokenizer",
+            "tool_call_parser_active", "prefix")),
+    Target("sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_chat", AROUND, "main",
+           "a bad Ollama request is an HTTP 400 before the stream starts (it was a 500, or a stream cut short)",
+           ("self", "request", "raw_request")),
+    Target("sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_generate", AROUND, "main",
+           "the same for /api/generate", ("self", "request", "raw_request")),
     Target("fastapi.dependencies.utils.request_body_to_args", AROUND, "main",
            "an exception in SGLang's own pydantic validators of an OpenAI body (e.g. a list response_format) "
            "is the client's malformed input: HTTP 400, not 500",

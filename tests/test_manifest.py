@@ -22,8 +22,12 @@ def test_every_target_matches_the_pinned_sglang() -> None:
 
 
 def test_manifest_lists_exactly_what_the_patches_touch() -> None:
-    for name in ("decode", "guards", "io", "lifecycle", "memory", "server_args"):
-        importlib.import_module(f"vase_sglang.patches.{name}")  # importing queues the hooks
+    import pkgutil
+
+    import vase_sglang.patches
+
+    for info in pkgutil.iter_modules(vase_sglang.patches.__path__):  # every patch module, new ones too
+        importlib.import_module(f"vase_sglang.patches.{info.name}")  # importing queues the hooks
     backends = {f"{cls}.{m}" for cls in BACKEND_CLASSES.values() for m in ("forward_decode", "forward_extend")}
     hooked = {h.target for h in hooks.take()} | backends
     set_or_called = {t.target for t in manifest.MANIFEST if t.kind in (manifest.SET, manifest.CALL)}

@@ -50,7 +50,7 @@ def register() -> None:
 
     role = _role()
     if role == "main":
-        from vase_sglang.patches import guards, io, lifecycle, server_args  # noqa: F401 - importing queues the hooks
+        from vase_sglang.patches import guards, io, lifecycle, routes, server_args  # noqa: F401 - importing queues the hooks
 
         hooks.apply(hooks.take(_in_main))
         _install_engine_factory()
