@@ -1,7 +1,7 @@
 """Scale-out on the CPU engine: ``--dp-size 2`` with vase (each DP rank is a scheduler
 with its own pool; eviction is local to it). ``--tp 2`` does not run on SGLang's CPU
 engine here (stock SGLang fails in PyNcclCommunicator: "Expected a cuda device, but
-got: cpu"), see README "Scale-out"."""
+got: cpu"), see docs/scale-out.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Soak, short version (issue 13, part 3; the README documents the long run).
+"""Soak, short version (results/README.md documents the long run).
 
 90 s of the mixed Locust load (long and short outputs, shared prefix, n > 1, client
 disconnects, per-request overrides) against a server with SGLang's leak checks on,

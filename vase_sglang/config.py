@@ -3,7 +3,7 @@
 Every error names the field, the value that was given and what is allowed, so that a
 bad ``--kv-*`` flag or ``custom_params`` field can be reported to the user verbatim.
 
-Budget semantics (see VASE-ALGORITHM.md §1.1): a request's generated tokens live in a
+Budget semantics (see docs/algorithm.md, "The round"): a request's generated tokens live in a
 region of ``budget + recent`` slots per (layer, KV head). When it is full, one round
 keeps ``budget - recent`` of the ``budget`` candidates plus the ``recent`` newest
 tokens, so the region returns to exactly ``budget`` slots.

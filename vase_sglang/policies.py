@@ -10,7 +10,7 @@ to keep, in the order they are to be stored:
     -> the ``recent`` newest positions, in slot order.
 
 The order matters: the next round's smoothing sees neighbours in storage order
-(VASE-ALGORITHM.md §1.4). Nothing here knows about SGLang; the math lives in
+(docs/algorithm.md, "The round"). Nothing here knows about SGLang; the math lives in
 ``vase_sglang.kernels`` (Triton, with a torch reference beside each kernel).
 """
 

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-# SGLang's CPU engine, as documented in the README's CPU mode.
+# SGLang's CPU engine, as documented in docs/cpu-mode.md.
 CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
              "--mem-fraction-static", "0.1", "--dtype", "float32", "--sleep-on-idle")
 

@@ -186,7 +186,7 @@ def build(out: Path, limit_mib: float) -> dict:
         if out.exists():
             shutil.rmtree(out)
         shutil.move(str(staging), str(out))
-    print(f"carry written to {out}: name it in the device tool's carry (see the README's GPU section)")
+    print(f"carry written to {out}: name it in the device tool's carry (see docs/gpu.md)")
     return summary
 
 

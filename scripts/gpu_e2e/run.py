@@ -45,7 +45,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
-# SGLang 0.5.23 without sgl_kernel, flashinfer or a network (see the README's GPU section for why each).
+# SGLang 0.5.23 without sgl_kernel, flashinfer or a network (see docs/gpu.md for why each).
 KIT_ENV = {
     "SGLANG_FORCE_FUSED_OP_BACKEND": "torch",      # RMSNorm, SiluAndMul, RoPE: forward_native
     "SGLANG_CRASH_ON_JIT_COMPILE": "1",            # a JIT kernel probe fails fast (torch fallback) instead of nvcc

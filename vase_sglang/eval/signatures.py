@@ -1,4 +1,4 @@
-"""Failure-mode signatures of one output (VASE-ALGORITHM.md §5.4).
+"""Failure-mode signatures of one output (docs/accuracy.md, "The eval harness").
 
 * loop: a phrase of 10-40 characters occurring at least 5 times in the last 500 characters;
 * unclosed: the output never closes ``</think>`` (truncated, or the model never stopped thinking).

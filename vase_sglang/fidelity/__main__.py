@@ -12,7 +12,7 @@
 
 Writes ``results.json`` (resumable: finished parts are kept), ``results.md`` and ``fidelity.png``.
 The loop is the batched torch reference (``vase_sglang.fidelity.loop``) that the test
-suite ties to the SGLang server's log-probs; see the README's *Fidelity* section.
+suite ties to the SGLang server's log-probs; see docs/accuracy.md, *Fidelity to the full cache*.
 """
 
 from __future__ import annotations

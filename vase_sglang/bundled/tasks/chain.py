@@ -20,7 +20,7 @@ same for every problem of a task, so a model learns the graph and each problem d
 only in its initial values (10**n_vars of them), and the chain must carry every value.
 With ``graph_seed=None`` every problem draws its own graph and the prompt lists it
 (``steps S8 R7 T8 R1 ...``): harder, as the model must also copy its program from the
-prompt (a small model trained for an hour on CPU does not learn that copy; see the README).
+prompt (a small model trained for an hour on CPU does not learn that copy; see docs/accuracy.md).
 
 Difficulty knobs: ``steps`` (chain length, 8 tokens each), ``lookback`` (minimum distance
 of the far operand, in steps), ``n_vars`` and ``modulus`` (the vocabulary of values),
