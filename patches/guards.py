@@ -116,6 +116,9 @@ def _normalize_or_400(original, obj: Any, *args: Any, **kwargs: Any) -> Any:
     check_sampling_params(getattr(obj, "sampling_params", None))
     given = getattr(obj, "sampling_params", None)
     given_len = len(given) if isinstance(given, list) else None
+    if given_len is not None and _one_prompt(obj):
+        # The embedding body's normalisation indexes the list by name (a TypeError) first.
+        raise ValueError("sampling_params: a list for one prompt; send one object")
     try:
         result = original(obj, *args, **kwargs)
     except (IndexError, KeyError, TypeError, AttributeError, AssertionError) as exc:
@@ -128,6 +131,15 @@ def _normalize_or_400(original, obj: Any, *args: Any, **kwargs: Any) -> Any:
     check_session_params(getattr(obj, "session_params", None))
     check_batch_items(obj)
     return result
+
+
+def _one_prompt(obj: Any) -> bool:
+    """Whether the body holds one prompt, read before SGLang normalises it: a text string,
+    or a flat list of token ids."""
+    text, ids = getattr(obj, "text", None), getattr(obj, "input_ids", None)
+    if isinstance(text, str):
+        return True
+    return text is None and isinstance(ids, list) and bool(ids) and not isinstance(ids[0], list)
 
 
 def check_batch_shapes(obj: Any, sampling_params_given: int | None) -> None:

@@ -147,7 +147,7 @@ OOV = -1000  # replaced by the model's vocabulary size
     # HTTP 500s on the other client routes, found by the derived fuzz: the embedding body's
     # per-prompt shapes, token ids the tokenizer cannot decode, unknown parser names, and
     # Ollama options SGLang refuses (a 500, or a stream cut short after its 200).
-    ("/encode", {"text": "hi", "sampling_params": [{}]}, "malformed request body: TypeError"),
+    ("/encode", {"text": "hi", "sampling_params": [{}]}, "sampling_params: a list for one prompt"),
     ("/classify", {"text": "hi", "rid": ["x", "y"]}, "rid: one prompt takes one string id"),
     ("/v1/embeddings", {"model": "m", "input": ["a", "b"], "rid": ["x"]}, "rid: 1 ids for 2 prompts"),
     ("/v1/classify", {"model": "m", "input": "a", "rid": ["x", "y"]}, "rid: one prompt takes one string id"),
