@@ -18,7 +18,8 @@ hooks here cover handlers that let a client's mistake through as an HTTP 500 (fo
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+import contextlib
+from collections.abc import AsyncIterable, AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import HTTPException
@@ -52,9 +53,12 @@ def _detokenize_ids_in_vocab(serving: Any, adapted_request: Any, request: Any, *
     return None
 
 
-def _bad_request_on_value_error(original: Any, *args: Any, **kwargs: Any) -> Any:
+@contextlib.contextmanager
+def _value_error_as_bad_request() -> Iterator[None]:
+    """Re-raise a ValueError (SGLang's bad input) as a ``BadRequest``, so a handler that lets
+    it through answers HTTP 400, not 500."""
     try:
-        return original(*args, **kwargs)
+        yield
     except BadRequest:
         raise
     except ValueError as exc:
@@ -62,13 +66,10 @@ def _bad_request_on_value_error(original: Any, *args: Any, **kwargs: Any) -> Any
 
 
 @hook("sglang.srt.function_call.function_call_parser.FunctionCallParser.__init__", AROUND)
-def _function_call_parser(original: Any, *args: Any, **kwargs: Any) -> Any:
-    return _bad_request_on_value_error(original, *args, **kwargs)
-
-
 @hook("sglang.srt.parser.reasoning_parser.ReasoningParser.__init__", AROUND)
-def _reasoning_parser(original: Any, *args: Any, **kwargs: Any) -> Any:
-    return _bad_request_on_value_error(original, *args, **kwargs)
+def _parser_or_400(original: Any, *args: Any, **kwargs: Any) -> Any:
+    with _value_error_as_bad_request():
+        return original(*args, **kwargs)
 
 
 @hook("sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_chat", AROUND)
@@ -76,14 +77,10 @@ def _reasoning_parser(original: Any, *args: Any, **kwargs: Any) -> Any:
 async def _ollama_or_400(original: Any, *args: Any, **kwargs: Any) -> Any:
     from fastapi.responses import StreamingResponse
 
-    try:
+    with _value_error_as_bad_request():
         response = await original(*args, **kwargs)
         if isinstance(response, StreamingResponse):
             response.body_iterator = await _started(response.body_iterator)
-    except BadRequest:
-        raise
-    except ValueError as exc:
-        raise BadRequest(str(exc)) from exc
     return response
 
 
