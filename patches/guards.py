@@ -116,6 +116,8 @@ def _normalize_or_400(original, obj: Any, *args: Any, **kwargs: Any) -> Any:
     check_sampling_params(getattr(obj, "sampling_params", None))
     given = getattr(obj, "sampling_params", None)
     given_len = len(given) if isinstance(given, list) else None
+    # Read before the normalisation, which fills rid with one generated id per sample (n).
+    given_rid = getattr(obj, "rid", None)
     if given_len is not None and _one_prompt(obj):
         # The embedding body's normalisation indexes the list by name (a TypeError) first.
         raise ValueError("sampling_params: a list for one prompt; send one object")
@@ -125,7 +127,7 @@ def _normalize_or_400(original, obj: Any, *args: Any, **kwargs: Any) -> Any:
         # The normalisation only reads the body: its failures are malformed input (the
         # embedding body asserts that a batch's rid is a list).
         raise ValueError(f"malformed request body: {type(exc).__name__}: {exc}") from exc
-    check_batch_shapes(obj, given_len)
+    check_batch_shapes(obj, given_len, given_rid)
     check_request_fields(obj)
     check_positional_embeds(obj)
     check_session_params(getattr(obj, "session_params", None))
@@ -142,14 +144,15 @@ def _one_prompt(obj: Any) -> bool:
     return text is None and isinstance(ids, list) and bool(ids) and not isinstance(ids[0], list)
 
 
-def check_batch_shapes(obj: Any, sampling_params_given: int | None) -> None:
+def check_batch_shapes(obj: Any, sampling_params_given: int | None, rid_given: Any) -> None:
     """Raise ValueError for per-prompt fields whose shape does not match the prompts, which
     SGLang's normalisation lets through to fail later with an HTTP 500: a list ``rid`` for
     one prompt or of the wrong length, and a ``sampling_params`` list whose length is not
-    the number of prompts."""
+    the number of prompts. ``obj`` is normalised; the other two are what the client sent
+    (a normalised rid holds one id per sample, prompts x n)."""
     if getattr(obj, "is_single", True):
-        if obj.rid is not None and not isinstance(obj.rid, str):
-            raise ValueError(f"rid: one prompt takes one string id, got {type(obj.rid).__name__}")
+        if rid_given is not None and not isinstance(rid_given, str):
+            raise ValueError(f"rid: one prompt takes one string id, got {type(rid_given).__name__}")
         if sampling_params_given is not None:
             raise ValueError("sampling_params: a list for one prompt; send one object")
         return
@@ -157,10 +160,12 @@ def check_batch_shapes(obj: Any, sampling_params_given: int | None) -> None:
     if sampling_params_given is not None and sampling_params_given != prompts:
         raise ValueError(f"sampling_params: {sampling_params_given} objects for {prompts} prompts; "
                          "send one object for all of them, or one per prompt")
-    if isinstance(obj.rid, list) and any(not isinstance(r, str) for r in obj.rid):
+    if not isinstance(rid_given, list):
+        return  # None or one string: SGLang generates or suffixes one id per sample
+    if any(not isinstance(r, str) for r in rid_given):
         raise ValueError("rid: expected a list of strings, one per prompt")
-    if isinstance(obj.rid, list) and len(obj.rid) != prompts:  # the embedding body's normalisation lets it by
-        raise ValueError(f"rid: {len(obj.rid)} ids for {prompts} prompts; send one per prompt")
+    if len(rid_given) != prompts:  # the embedding body's normalisation lets it by
+        raise ValueError(f"rid: {len(rid_given)} ids for {prompts} prompts; send one per prompt")
 
 
 @hook("fastapi.dependencies.utils.request_body_to_args", AROUND)

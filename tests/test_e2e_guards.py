@@ -169,6 +169,27 @@ def test_bad_input_is_a_400_naming_the_field(guard_server, baseline, vocab, path
     assert guard_server.alive()
 
 
+
+TWO_TOKENS = {"max_new_tokens": 2, "n": 2}
+
+
+@pytest.mark.parametrize(("path", "body", "answers"), [
+    # Parallel sampling fills rid with one id per sample (prompts x n) before the guards
+    # run; a guard that read the filled rid refused these (the soak's chat with n=2).
+    ("/generate", {"text": "hi", "sampling_params": TWO_TOKENS}, 2),
+    ("/generate", {"text": "hi", "rid": "mine", "sampling_params": TWO_TOKENS}, 2),
+    ("/generate", {"text": ["a", "b"], "rid": ["r1", "r2"], "sampling_params": TWO_TOKENS}, 4),
+    ("/generate", {"input_ids": [[5, 6], [7]], "sampling_params": [TWO_TOKENS, TWO_TOKENS]}, 4),
+    ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2, "n": 2}, 2),
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                              "max_tokens": 2, "n": 2}, 2),
+])
+def test_parallel_sampling_and_batch_forms_are_served(guard_server, path: str, body: dict, answers: int) -> None:
+    r = requests.post(guard_server.url + path, json=body, timeout=120)
+    assert r.status_code == 200, (r.status_code, r.text[:500])
+    got = r.json()
+    assert len(got["choices"] if path.startswith("/v1/") else got) == answers, r.text[:500]
+
 # ---- the fuzz ------------------------------------------------------------------------
 SCALE = float(os.environ.get("VASE_FUZZ_SCALE", "1"))
 MAIN_EXAMPLES = {"/generate": 800, "/v1/completions": 400, "/v1/chat/completions": 400}
