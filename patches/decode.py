@@ -22,11 +22,11 @@ import torch
 from vase_sglang import scheduler
 from vase_sglang.options import exported_config
 
-from . import manifest
-from .hooks import AFTER, AROUND, BEFORE, hook
+from . import contract as sg
+from .hooks import AFTER, AROUND, BEFORE, fail, hook, installs
 
 
-def vase_alloc_for_decode(batch: Any, token_per_req: int) -> torch.Tensor:
+def vase_alloc_for_decode(batch: sg.ScheduleBatch, token_per_req: int) -> torch.Tensor:
     from sglang.srt.mem_cache import allocation
 
     sched = scheduler.current()
@@ -38,33 +38,34 @@ def vase_alloc_for_decode(batch: Any, token_per_req: int) -> torch.Tensor:
     return out
 
 
-def install_alloc_hook() -> list[str]:
-    """Put our decode allocator in SGLang's registry; returns the keys it was set for."""
+@installs("sglang.srt.mem_cache.allocation.ALLOC_FOR_DECODE_FUNCS")
+def _install_decode_allocator() -> None:
+    """Our decode allocator in SGLang's registry, for the CPU and the CUDA path."""
     from sglang.srt.mem_cache import allocation
 
-    keys = ["cpu", "cuda"]
-    for key in keys:
+    for key in ("cpu", "cuda"):
         allocation.ALLOC_FOR_DECODE_FUNCS[key] = vase_alloc_for_decode
-    return keys
+        if allocation.ALLOC_FOR_DECODE_FUNCS[key] is not vase_alloc_for_decode:
+            fail(f"sglang.srt.mem_cache.allocation.ALLOC_FOR_DECODE_FUNCS[{key!r}] did not take the VaSE allocator")
 
 
 @hook("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", AFTER)
-def _logical_positions(ret: Any, *args: Any, **kwargs: Any) -> None:
+def _logical_positions(ret: sg.ForwardBatch, *args: Any, **kwargs: Any) -> None:
     sched = scheduler.current()
     if sched is not None and ret.positions is not None and ret.forward_mode.is_decode():
         ret.positions = sched.logical_positions(ret.positions, ret.req_pool_indices)
 
 
-def _capture_queries(original, backend: Any, q: torch.Tensor, k: Any, v: Any, layer: Any, forward_batch: Any,
-                     *args: Any, **kwargs: Any) -> Any:
+def _capture_queries(original, backend: Any, q: torch.Tensor, k: Any, v: Any, layer: sg.AttentionLayer,
+                     forward_batch: sg.ForwardBatch, *args: Any, **kwargs: Any) -> Any:
     sched = scheduler.current()
     if sched is not None:
         sched.record_queries(layer.layer_id, forward_batch.req_pool_indices, forward_batch.seq_lens, q)
     return original(backend, q, k, v, layer, forward_batch, *args, **kwargs)
 
 
-def _capture_extend_queries(original, backend: Any, q: torch.Tensor, k: Any, v: Any, layer: Any,
-                            forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+def _capture_extend_queries(original, backend: Any, q: torch.Tensor, k: Any, v: Any, layer: sg.AttentionLayer,
+                            forward_batch: sg.ForwardBatch, *args: Any, **kwargs: Any) -> Any:
     sched = scheduler.current()
     if sched is not None and forward_batch.extend_seq_lens is not None:
         sched.record_extend_queries(layer.layer_id, forward_batch.req_pool_indices, forward_batch.seq_lens,
@@ -79,22 +80,17 @@ BACKEND_CLASSES = {
 }
 
 
-def backend_hooks() -> list[tuple[str, Any]]:
-    """Query-capture hooks on every supported backend, whatever the device: SGLang's triton
-    backend also runs on CPU (under TRITON_INTERPRET=1), and a backend without the hook
-    would score an all-zero query ring. flashinfer only where it is installed. Decode
-    steps record their query; prefills record their last R (a re-prefill after a
-    retraction then has a full ring for the round that follows it at once)."""
-    hooks = []
-    for cls in BACKEND_CLASSES.values():
-        for method, fn in (("forward_decode", _capture_queries), ("forward_extend", _capture_extend_queries)):
-            target = f"{cls}.{method}"
-            if manifest.available(manifest.BY_TARGET[target]):
-                hooks.append((target, fn))
-    return hooks
+# Query capture on every supported backend, whatever the device: SGLang's triton backend
+# also runs on CPU (under TRITON_INTERPRET=1), and a backend without the hook would score
+# an all-zero query ring (flashinfer's entries apply only where it is installed). Decode
+# steps record their query; prefills record their last R (a re-prefill after a retraction
+# then has a full ring for the round that follows it at once).
+for _cls in BACKEND_CLASSES.values():
+    hook(f"{_cls}.forward_decode", AROUND)(_capture_queries)
+    hook(f"{_cls}.forward_extend", AROUND)(_capture_extend_queries)
 
 
-def _cap_checkpoint(tree: Any, req: Any, *args: Any, up_to: int, **kwargs: Any):
+def _cap_checkpoint(tree: Any, req: sg.Req, *args: Any, up_to: int, **kwargs: Any):
     sched = scheduler.current()
     limit = sched.checkpoint_limit(req, up_to) if sched is not None else None
     return None if limit is None else ((tree, req, *args), {**kwargs, "up_to": limit})
@@ -105,14 +101,14 @@ hook("sglang.srt.mem_cache.radix_cache.RadixCache.checkpoint", BEFORE)(_cap_chec
 
 
 @hook("sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset", AROUND)
-def _running_offset(original, adder: Any, req: Any, *args: Any, **kwargs: Any) -> float:
+def _running_offset(original, adder: Any, req: sg.Req, *args: Any, **kwargs: Any) -> float:
     sched = scheduler.current()
     bound = sched.growth_bound(req) if sched is not None else None
     return original(adder, req, *args, **kwargs) if bound is None else bound
 
 
 @hook("sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens", AROUND)
-def _init_req_max_new_tokens(original, sglang_scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+def _init_req_max_new_tokens(original, sglang_scheduler: sg.Scheduler, req: sg.Req, *args: Any, **kwargs: Any) -> Any:
     sched = scheduler.current()
     if sched is None:
         return original(sglang_scheduler, req, *args, **kwargs)
@@ -142,10 +138,12 @@ def _memory_bound(original, allocator: Any, input_tokens: int, max_new_tokens: i
     return max_new_tokens if fits == needed else fits
 
 
-def set_admission_clip() -> int:
+@installs("sglang.srt.managers.schedule_policy.CLIP_MAX_NEW_TOKENS")
+def _install_admission_clip() -> None:
     """New requests reserve prompt + min(max_new_tokens, B + R)."""
     from sglang.srt.managers import schedule_policy
 
-    cfg = exported_config()
-    schedule_policy.CLIP_MAX_NEW_TOKENS = cfg.region_size
-    return cfg.region_size
+    clip = exported_config().region_size
+    schedule_policy.CLIP_MAX_NEW_TOKENS = clip
+    if schedule_policy.CLIP_MAX_NEW_TOKENS != clip:
+        fail("sglang.srt.managers.schedule_policy.CLIP_MAX_NEW_TOKENS could not be set")

@@ -1,20 +1,24 @@
 """Register SGLang hooks on named targets and verify that each one took effect.
 
-Every target must be listed in ``manifest.MANIFEST`` with the same kind; before a hook
-is applied its target is checked against that entry (it exists, same parameters, same
-pinned source). SGLang's ``HookRegistry.apply_hooks`` only logs a failed patch, and
-``load_plugins`` only logs an exception raised by a plugin. A plugin that half-applied
-would serve wrong results silently, so every hook registered here is checked after it
-is applied and any failure stops the process with ``SystemExit`` (which neither swallows).
+Each manifest entry owns one function: the patch modules register a hook with ``@hook``
+(BEFORE, AFTER, AROUND, REPLACE) or an installer with ``@installs`` (SET), and refuse a
+target that is not listed with that kind. ``install(process)`` is the one loop that
+applies them, over the manifest entries of that process. Before a hook is applied its
+target is checked against its entry (it exists, same parameters, same pinned source).
+SGLang's ``HookRegistry.apply_hooks`` only logs a failed patch, and ``load_plugins``
+only logs an exception raised by a plugin. A plugin that half-applied would serve wrong
+results silently, so every hook is checked after it is applied and any failure stops
+the process with ``SystemExit`` (which neither swallows).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+import pkgutil
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -25,33 +29,52 @@ logger = logging.getLogger("vase_sglang.patches")
 BEFORE, AFTER, AROUND, REPLACE = HookType.BEFORE, HookType.AFTER, HookType.AROUND, HookType.REPLACE
 
 
-@dataclass
-class Hook:
-    target: str
-    fn: Callable[..., Any]
-    kind: HookType
-
-
-_pending: list[Hook] = []
-
-
+# Each manifest target's hook function, or for a SET target its installer (a function of
+# no arguments that makes the assignment and checks it took); filled by importing the
+# patch modules, whose decorators register here.
+_registered: dict[str, Callable[..., Any]] = {}
 _KIND_NAMES = {BEFORE: manifest.BEFORE, AFTER: manifest.AFTER, AROUND: manifest.AROUND, REPLACE: manifest.REPLACE}
+_REGISTRY_KINDS = {name: kind for kind, name in _KIND_NAMES.items()}
+
+
+def _register(target: str, fn: Callable[..., Any]) -> None:
+    if _registered.get(target, fn) is not fn:
+        raise ValueError(f"{target} has two hooks: {_registered[target].__qualname__} and {fn.__qualname__}")
+    _registered[target] = fn
 
 
 def hook(target: str, kind: HookType) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: queue ``fn`` as a ``kind`` hook on the dotted ``target`` (listed in the manifest)."""
-    entry = manifest.BY_TARGET.get(target)
-    if entry is None or entry.kind != _KIND_NAMES[kind]:
-        raise ValueError(f"hook target {target} ({_KIND_NAMES[kind]}) is not in patches/manifest.py with that kind")
+    """Decorator: ``fn`` is the ``kind`` hook on the dotted ``target`` (listed in the manifest)."""
+    name = _KIND_NAMES[kind]
+    manifest_entry_or_refuse(target, name)
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        _pending.append(Hook(target, fn, kind))
+        _register(target, fn)
         return fn
 
     return deco
 
 
-def fail(message: str) -> None:
+def installs(target: str) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    """Decorator: ``fn()`` assigns the SET ``target`` (listed in the manifest) and checks
+    that the assignment took, calling ``fail`` if not."""
+    manifest_entry_or_refuse(target, manifest.SET)
+
+    def deco(fn: Callable[[], None]) -> Callable[[], None]:
+        _register(target, fn)
+        return fn
+
+    return deco
+
+
+def manifest_entry_or_refuse(target: str, kind: str) -> manifest.Target:
+    entry = manifest.BY_TARGET.get(target)
+    if entry is None or entry.kind != kind:
+        raise ValueError(f"hook target {target} ({kind}) is not in patches/manifest.py with that kind")
+    return entry
+
+
+def fail(message: str) -> NoReturn:
     """Stop the process loudly; SGLang's plugin loader would swallow an Exception."""
     print(f"vase-sglang: {message}", file=sys.stderr, flush=True)
     logger.critical(message)
@@ -66,21 +89,52 @@ def check_contract(target: str) -> None:
         fail(f"{exc}; vase-sglang needs sglang=={manifest.SGLANG_VERSION}")
 
 
-def apply(hooks: list[Hook]) -> None:
-    """Check, register, apply and verify ``hooks``; exit if any did not take."""
-    for h in hooks:
-        check_contract(h.target)
-    for h in hooks:
-        HookRegistry.register(h.target, h.fn, h.kind)
+def import_patch_modules() -> None:
+    """Import every module of ``vase_sglang.patches``: their decorators register the hooks."""
+    import vase_sglang.patches as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{info.name}")
+
+
+def entries_for(process: str) -> list[manifest.Target]:
+    """The manifest entries this process applies: its own, where their package is installed."""
+    return [e for e in manifest.MANIFEST if e.process == process and manifest.available(e)]
+
+
+def registered(target: str) -> Callable[..., Any] | None:
+    """The hook (or installer) registered for ``target``, if any."""
+    return _registered.get(target)
+
+
+def registered_targets() -> set[str]:
+    return set(_registered)
+
+
+def install(process: str) -> int:
+    """Apply every manifest entry of ``process`` ("main" or "scheduler"): check each target
+    against its entry, register and apply the hooks, verify that each took effect, then
+    run the installers of the SET targets. Exits the process on any failure. Returns the
+    number of hooks and installers applied."""
+    import_patch_modules()
+    entries = entries_for(process)
+    missing = [e.target for e in entries if e.kind != manifest.CALL and e.target not in _registered]
+    if missing:
+        fail(f"no hook registered for manifest target(s) {', '.join(missing)}")
+    for e in entries:
+        check_contract(e.target)
+    hooks = [e for e in entries if e.kind in _REGISTRY_KINDS]
+    for e in hooks:
+        HookRegistry.register(e.target, _registered[e.target], _REGISTRY_KINDS[e.kind])
     HookRegistry.apply_hooks()
-    for h in hooks:
-        current = manifest.resolve(h.target)
-        if h.target not in HookRegistry._patched or not hasattr(current, "__wrapped__"):
-            fail(f"hook on {h.target} did not take effect (see the log above); "
+    for e in hooks:
+        current = manifest.resolve(e.target)
+        if e.target not in HookRegistry._patched or not hasattr(current, "__wrapped__"):
+            fail(f"hook on {e.target} did not take effect (see the log above); "
                  f"vase-sglang needs sglang=={manifest.SGLANG_VERSION}")
-    logger.info("vase-sglang: %d hooks applied and verified", len(hooks))
-
-
-def take(prefix_filter: Callable[[Hook], bool] | None = None) -> list[Hook]:
-    """The hooks queued so far (by importing patch modules), optionally filtered."""
-    return [h for h in _pending if prefix_filter is None or prefix_filter(h)]
+    installers = [e for e in entries if e.kind == manifest.SET]
+    for e in installers:
+        _registered[e.target]()
+    logger.info("vase-sglang: %d hooks and %d installers applied and verified (%s process)", len(hooks),
+                len(installers), process)
+    return len(hooks) + len(installers)

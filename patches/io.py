@@ -22,6 +22,7 @@ Scheduler process:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -40,9 +41,10 @@ from .hooks import AFTER, AROUND, BEFORE, REPLACE, hook
 
 logger = logging.getLogger("vase_sglang.patches.io")
 
-COUNTER_KEYS = ("kv_region_len", "kv_evicted_tokens", "kv_eviction_rounds", "kv_reprefilled_tokens")
-CHOICE_KEYS = ("kv_policy", "kv_policy_reason")
-META_KEYS = (*COUNTER_KEYS, *CHOICE_KEYS, "kv_prefix_digests")
+# meta_info key of each field: kv_<field>
+COUNTER_FIELDS = tuple(f.name for f in dataclasses.fields(scheduler.RequestCounters))
+CHOICE_FIELDS = tuple(f.name for f in dataclasses.fields(scheduler.PolicyChoice))
+META_KEYS = (*(f"kv_{name}" for name in (*COUNTER_FIELDS, *CHOICE_FIELDS)), "kv_prefix_digests")
 
 
 @hook("sglang.srt.sampling.sampling_params.SamplingParams.verify", AFTER)
@@ -66,16 +68,16 @@ def _scalar_meta(original, manager: Any, meta_info: dict, *args: Any, **kwargs: 
             meta_info[key] = value[-1]
 
 
-def _meta_for(req: Any) -> tuple[int, int, int, str]:
+def _meta_for(req: Any) -> scheduler.RequestCounters:
     sched = scheduler.current()
-    return sched.counters(req) if sched is not None else (max(0, len(req.output_ids) - 1), 0, 0, "")
+    return sched.counters(req) if sched is not None else scheduler.RequestCounters.before_first_decode(req)
 
 
-def _choice_for(req: Any) -> tuple[str, str]:
+def _choice_for(req: Any) -> scheduler.PolicyChoice:
     sched = scheduler.current()
     if sched is not None:
         return sched.policy_choice(req)
-    return exported_config().policy, server_reason(exported_config(), exported_auto())
+    return scheduler.PolicyChoice(exported_config().policy, server_reason(exported_config(), exported_auto()))
 
 
 def _digests(req: Any) -> str:
@@ -91,12 +93,10 @@ def _streamer_class() -> type:
 
         def build_additional_customized_info(self, reqs: list) -> dict[str, list]:
             base = super().build_additional_customized_info(reqs)
-            values = [_meta_for(r) for r in reqs]
-            for j, key in enumerate(COUNTER_KEYS):
-                base[key] = [[v[j]] for v in values]
-            choices = [_choice_for(r) for r in reqs]
-            for j, key in enumerate(CHOICE_KEYS):
-                base[key] = [[c[j]] for c in choices]
+            for records, names in (([_meta_for(r) for r in reqs], COUNTER_FIELDS),
+                                   ([_choice_for(r) for r in reqs], CHOICE_FIELDS)):
+                for name in names:
+                    base[f"kv_{name}"] = [[getattr(record, name)] for record in records]
             if os.environ.get("VASE_SGLANG_DEBUG_DIGEST") == "1":
                 base["kv_prefix_digests"] = [[_digests(r)] for r in reqs]
             return base

@@ -16,6 +16,7 @@ import logging
 import os
 from typing import Any
 
+from . import contract as sg
 from .hooks import AROUND, hook
 
 logger = logging.getLogger("vase_sglang.patches.lifecycle")
@@ -38,7 +39,7 @@ def drain_timeout() -> float:
     return value
 
 
-async def _abort_after_drain(manager: Any, limit: float) -> None:
+async def _abort_after_drain(manager: sg.TokenizerManager, limit: float) -> None:
     while not getattr(manager, "gracefully_exit", False):
         await asyncio.sleep(0.5)
     await asyncio.sleep(limit)

@@ -138,9 +138,11 @@ MANIFEST: tuple[Target, ...] = (
            ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache"), needs="flashinfer"),
     # ---- scheduler: radix tree -------------------------------------------------------------
     Target("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint", BEFORE, "scheduler",
-           "never publish a compacted part of a row to the tree (invariant I2)", ("self", "req", "up_to", "kwargs")),
+           "never publish a compacted region (its columns hold other positions' KV) to the tree",
+           ("self", "req", "up_to", "kwargs")),
     Target("sglang.srt.mem_cache.radix_cache.RadixCache.checkpoint", BEFORE, "scheduler",
-           "never publish a compacted part of a row to the tree (invariant I2)", ("self", "req", "up_to")),
+           "never publish a compacted region (its columns hold other positions' KV) to the tree",
+           ("self", "req", "up_to")),
     # ---- scheduler: admission --------------------------------------------------------------
     Target("sglang.srt.managers.schedule_policy.CLIP_MAX_NEW_TOKENS", SET, "scheduler",
            "new requests reserve prompt + min(max_new_tokens, B + R)", expect="int"),

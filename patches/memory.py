@@ -24,23 +24,17 @@ import torch
 from vase_sglang import scheduler
 from vase_sglang.kernels import ops
 from vase_sglang.options import captures_queries, exported_auto, exported_config, exported_seed
-from vase_sglang.policies import RoundShape
-from vase_sglang.scheduler import (
-    MAX_ROUND_BATCH,
-    VaseScheduler,
-    query_ring_bytes_per_request,
-    round_workspace_bytes,
-    stacked_view,
-)
-from vase_sglang.sharding import head_shard
+from vase_sglang.scheduler import MAX_ROUND_BATCH, VaseScheduler, policy_memory, stacked_view
+from vase_sglang.sharding import HeadShard, head_shard
 
+from . import contract as sg
 from .hooks import AFTER, AROUND, fail, hook
 
 logger = logging.getLogger("vase_sglang.patches.memory")
 
 
 @hook("sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._create_buffers_normal", AROUND)
-def _one_allocation(original, pool: Any, *args: Any, **kwargs: Any) -> None:
+def _one_allocation(original, pool: sg.MHATokenToKVPool, *args: Any, **kwargs: Any) -> None:
     if not exported_config().evicts or pool.use_hnd or pool.kv_cache_layout != "nhd":
         return original(pool, *args, **kwargs)
     k_shape, v_shape = pool._kv_buffer_shapes()
@@ -58,24 +52,16 @@ def _one_allocation(original, pool: Any, *args: Any, **kwargs: Any) -> None:
     pool.v_buffer = [fused[layer, 1, :rows] for layer in range(pool.layer_num)]
 
 
-def ring_bytes_per_request(model_config: Any, tp_size: int, itemsize: int) -> int:
-    cfg = exported_config()
-    heads = model_config.num_attention_heads // max(1, tp_size)
-    return query_ring_bytes_per_request(cfg, model_config.num_hidden_layers, heads, model_config.head_dim, itemsize,
-                                        exported_auto())
-
-
-def round_shape(model_config: Any, tp_size: int, n_req: int, itemsize: int) -> RoundShape:
-    """A round's geometry on one TP rank, from the model config (before the pool exists)."""
-    total_kv = model_config.get_total_num_kv_heads()
-    kv_heads = max(1, total_kv // max(1, tp_size))
-    return RoundShape(n_req=n_req, n_layers=model_config.num_hidden_layers,
-                      q_heads=model_config.num_attention_heads // max(1, tp_size), kv_heads=kv_heads,
-                      head_dim=model_config.head_dim, itemsize=itemsize, total_kv_heads=total_kv)
+def _shard(model_config: sg.ModelConfig, tp_size: int, tp_rank: int) -> HeadShard:
+    """The heads one attention-TP rank holds; a model they cannot be split for stops the process."""
+    try:
+        return head_shard(model_config.num_attention_heads, model_config.get_total_num_kv_heads(), tp_size, tp_rank)
+    except ValueError as exc:
+        fail(f"--kv-policy {exported_config().policy}: {exc}")
 
 
 @hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes", AROUND)
-def _reserve_policy_memory(original, configurator: Any, *args: Any, **kwargs: Any) -> int:
+def _reserve_policy_memory(original, configurator: sg.KVCacheConfigurator, *args: Any, **kwargs: Any) -> int:
     available = original(configurator, *args, **kwargs)
     cfg = exported_config()
     if not cfg.evicts:
@@ -83,20 +69,19 @@ def _reserve_policy_memory(original, configurator: Any, *args: Any, **kwargs: An
     from sglang.srt.runtime_context import get_context
 
     server_args = get_context().server_args
-    rows = (server_args.max_running_requests or 0) + 1
+    mc = configurator.model_config
     # The ring and a round's scratch take the KV pool's dtype, not the model's: an fp32
-    # --kv-cache-dtype under a bf16 model doubles them.
-    itemsize = configurator.kv_cache_dtype.itemsize
-    ring = rows * ring_bytes_per_request(configurator.model_config, server_args.tp_size, itemsize)
-    workspace = round_workspace_bytes(cfg, round_shape(configurator.model_config, server_args.tp_size, rows, itemsize),
-                                      exported_auto())
+    # --kv-cache-dtype under a bf16 model doubles them. Every rank holds as many heads.
+    memory = policy_memory(cfg, _shard(mc, server_args.tp_size, 0), mc.num_hidden_layers, mc.head_dim,
+                           configurator.kv_cache_dtype.itemsize, (server_args.max_running_requests or 0) + 1,
+                           exported_auto())
     logger.info("vase-sglang: reserving %.1f MiB for the query ring and %.1f MiB for round temporaries "
-                "(up to %d regions per launch) before the KV pool is sized", ring / 2**20, workspace / 2**20,
-                MAX_ROUND_BATCH)
-    return max(0, available - ring - workspace)
+                "(up to %d regions per launch) before the KV pool is sized", memory.ring_bytes / 2**20,
+                memory.workspace_bytes / 2**20, MAX_ROUND_BATCH)
+    return max(0, available - memory.total_bytes)
 
 
-def _check_model(model_runner: Any) -> None:
+def _check_model(model_runner: sg.ModelRunner) -> None:
     mc = model_runner.model_config
     hf = mc.hf_text_config
     problems = []
@@ -114,7 +99,7 @@ def _check_model(model_runner: Any) -> None:
 
 
 @hook("sglang.srt.model_executor.model_runner.ModelRunner._init_post_memory_pool_components", AFTER)
-def _build_runtime(result: Any, model_runner: Any, *args: Any, **kwargs: Any) -> None:
+def _build_runtime(result: Any, model_runner: sg.ModelRunner, *args: Any, **kwargs: Any) -> None:
     cfg = exported_config()
     if not cfg.evicts:
         return
@@ -130,18 +115,12 @@ def _build_runtime(result: Any, model_runner: Any, *args: Any, **kwargs: Any) ->
     from sglang.srt.runtime_context import get_parallel
 
     parallel = get_parallel()
-    try:
-        shard = head_shard(mc.num_attention_heads, mc.get_total_num_kv_heads(), parallel.attn_tp_size,
-                           parallel.attn_tp_rank)
-    except ValueError as exc:
-        fail(f"--kv-policy {cfg.policy}: {exc}")
+    shard = _shard(mc, parallel.attn_tp_size, parallel.attn_tp_rank)
     if shard.kv_heads != kv_heads:
         fail(f"--kv-policy {cfg.policy}: the KV pool holds {kv_heads} heads per layer, the sharding gives "
              f"{shard.kv_heads} (attention TP {parallel.attn_tp_size})")
-    q_heads = shard.q_heads
-    rows = model_runner.req_to_token_pool.size + 1
     auto = exported_auto()
-    scheduler.install(VaseScheduler(cfg, exported_seed(), k_buf, v_buf, model_runner.req_to_token_pool, q_heads,
+    scheduler.install(VaseScheduler(cfg, exported_seed(), k_buf, v_buf, model_runner.req_to_token_pool, shard.q_heads,
                                     capture_queries=captures_queries(cfg, auto), auto=auto,
                                     head_offset=shard.kv_head_offset,
                                     total_kv_heads=shard.total_kv_heads,
@@ -152,14 +131,13 @@ def _build_runtime(result: Any, model_runner: Any, *args: Any, **kwargs: Any) ->
     assert sched is not None
     if ops.resolve_backend(k_buf.device) == "triton":
         sched.warm_up()  # compile now, not in the middle of a decode step
-    per_request = query_ring_bytes_per_request(cfg, k_buf.shape[0], q_heads, head_dim, k_buf.element_size(), auto)
-    shape = RoundShape(n_req=rows, n_layers=k_buf.shape[0], q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
-                       itemsize=k_buf.element_size(), total_kv_heads=shard.total_kv_heads)
-    workspace = round_workspace_bytes(cfg, shape, auto)
+    memory = policy_memory(cfg, shard, k_buf.shape[0], head_dim, k_buf.element_size(),
+                           model_runner.req_to_token_pool.size + 1, auto)
     logger.info(
         "vase-sglang: policy %s, budget %d + recent %d slots per request, layer and KV head; "
         "query ring %d bytes per request x %d request slots = %.1f MiB, round temporaries %.1f MiB "
         "(both counted before the KV pool was sized); KV pool %d tokens, %d layers x %d KV heads x %d dims",
-        cfg.policy, cfg.budget, cfg.recent, per_request, rows, per_request * rows / 2**20, workspace / 2**20,
+        cfg.policy, cfg.budget, cfg.recent, memory.ring_bytes_per_request, memory.request_slots,
+        memory.ring_bytes / 2**20, memory.workspace_bytes / 2**20,
         model_runner.max_total_num_tokens, k_buf.shape[0], kv_heads, head_dim,
     )

@@ -23,7 +23,7 @@ from vase_sglang.auto import AutoTable
 from vase_sglang.config import PolicyConfig, PolicyConfigError
 from vase_sglang.options import add_cli_flags, export_config, exported_config, server_options
 
-from .hooks import AFTER, AROUND, fail, hook
+from .hooks import AFTER, AROUND, fail, hook, installs
 
 logger = logging.getLogger("vase_sglang.patches.server_args")
 
@@ -147,6 +147,19 @@ def _prepare_server_args(original, argv: list[str], *args: Any, **kwargs: Any) -
                     {b: c.get("label") or c["policy"] for b, c in sorted(auto.by_budget.items())} or "built-in",
                     cfg.budget, auto.choose(cfg.budget).reason)
     return server_args
+
+
+@installs("sglang.srt.entrypoints.engine.Engine.server_args_class")
+def _install_engine_factory() -> None:
+    """``sglang.Engine(kv_policy=..., ...)``: the Engine builds its ServerArgs through the
+    factory below, which takes the ``kv_*`` keyword arguments."""
+    from sglang.srt.entrypoints.engine import Engine
+
+    if getattr(Engine.server_args_class, "__name__", "") != "vase_server_args_factory":
+        # staticmethod: Engine.__init__ calls it through self.
+        Engine.server_args_class = staticmethod(engine_server_args(Engine.server_args_class))
+    if getattr(Engine.server_args_class, "__name__", "") != "vase_server_args_factory":
+        fail("could not install the kv_* keyword arguments on sglang.Engine.server_args_class")
 
 
 def engine_server_args(server_args_class: type):

@@ -126,4 +126,9 @@ def test_serving_benchmark_both_arms(tiny_model: Path, tmp_path: Path) -> None:
     assert by_arm["none"]["round_seconds_total"] is None and by_arm["none"]["round_share_of_wall"] is None
     (ratio,) = doc["ratios"]
     assert ratio["pool"] == POOL
-    assert ratio["throughput_vase_over_none"] > 0 and ratio["peak_running_vase_over_none"] > 0
+    assert ratio["throughput_vase_over_none"] > 0
+    # At an equal pool vase runs both requests at once; the full cache never holds both
+    # for long (SGLang may admit the second and retract it), so on average it runs fewer.
+    assert by_arm["vase"]["running_peak"] == REQUESTS, by_arm["vase"]
+    assert by_arm["vase"]["running_mean"] > by_arm["none"]["running_mean"], doc["results"]
+    assert ratio["peak_running_vase_over_none"] >= 1

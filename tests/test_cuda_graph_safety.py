@@ -38,8 +38,20 @@ def test_a_round_inside_capture_is_refused(monkeypatch: pytest.MonkeyPatch) -> N
         sched.before_decode_alloc(FakeBatch([req]))
 
 
-def test_capturing_is_false_without_a_gpu() -> None:
-    assert scheduler_module._capturing() is (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+def test_capturing_is_false_outside_a_capture() -> None:
+    assert scheduler_module._capturing() is False
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+def test_capturing_is_true_inside_a_capture() -> None:
+    seen = []
+    x = torch.zeros(1, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        seen.append(scheduler_module._capturing())
+        x.add_(1)
+    assert seen == [True] and scheduler_module._capturing() is False
 
 
 def test_forward_hooks_replay_like_a_captured_graph() -> None:
@@ -62,12 +74,12 @@ def test_forward_hooks_replay_like_a_captured_graph() -> None:
     def check(rows: torch.Tensor, lens: torch.Tensor) -> None:
         record, positions = graphs[rows.shape[0]]
         x = torch.randn(rows.shape[0], Q_HEADS * DIM)
-        saved = sched.qbuf.clone()
+        saved = sched.query_ring.clone()
         sched.record_queries(1, rows, lens, x)
-        eager = sched.qbuf.clone()
-        sched.qbuf.copy_(saved)  # in place: the trace holds this very tensor
+        eager = sched.query_ring.clone()
+        sched.query_ring.copy_(saved)  # in place: the trace holds this very tensor
         record(rows, lens, x)
-        assert torch.equal(sched.qbuf, eager)
+        assert torch.equal(sched.query_ring, eager)
         p = lens - 1
         assert torch.equal(positions(p, rows), sched.logical_positions(p, rows))
 
@@ -76,14 +88,14 @@ def test_forward_hooks_replay_like_a_captured_graph() -> None:
     a.kv.kv_committed_len = a.kv.kv_allocated_len = 5 + CFG.region_size
     batch = FakeBatch([a, b])
     sched.before_decode_alloc(batch)
-    assert int(sched.delta_by_row[1]) == CFG.recent
+    assert int(sched.position_offset_by_row[1]) == CFG.recent
     check(rows, batch.seq_lens + 1)
     # b is retracted and re-prefilled into another row: a new region after its prompt.
     b.retraction_count = 1
     b.kv.req_pool_idx, b.kv.kv_committed_len, b.kv.kv_allocated_len = 3, 30, 30
     sched.req_to_token_pool.req_generation[3] += 1
     sched.before_decode_alloc(FakeBatch([a, b]))
-    assert int(sched.lo_by_row[3]) == 9
+    assert sched.state(b).region_start == 9
     check(torch.tensor([1, 3]), torch.tensor([5 + CFG.budget + 1, 31]))
     # A padded graph batch: extra rows point at row 0 with SGLang's fill length.
     check(torch.tensor([1, 3, 0, 0]), torch.tensor([5 + CFG.budget + 2, 32, 1, 1]))
@@ -151,19 +163,18 @@ def test_query_recording_under_a_real_cuda_graph() -> None:
         out = sched.logical_positions(pos, rows)
     gen = torch.Generator(device=dev).manual_seed(0)
     for step in range(5):
-        sched.lo_by_row[1:3] = torch.randint(0, 20, (2,), device=dev, generator=gen)
-        sched.delta_by_row[1:3] += CFG.recent * step
+        sched.position_offset_by_row[1:3] += CFG.recent * step
         new_rows = torch.tensor([[1, 2], [2, 1], [3, 0]][step % 3], device=dev)
         new_lens = torch.randint(20, 40, (2,), device=dev, generator=gen)
         new_q = torch.randn(2, Q_HEADS * DIM, device=dev, generator=gen)
-        saved = sched.qbuf.clone()
+        saved = sched.query_ring.clone()
         sched.record_queries(0, new_rows, new_lens, new_q)
-        eager_ring, eager_pos = sched.qbuf.clone(), sched.logical_positions(new_lens - 1, new_rows)
-        sched.qbuf.copy_(saved)
+        eager_ring, eager_pos = sched.query_ring.clone(), sched.logical_positions(new_lens - 1, new_rows)
+        sched.query_ring.copy_(saved)
         rows.copy_(new_rows)
         lens.copy_(new_lens)
         q.copy_(new_q)
         pos.copy_(new_lens - 1)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(sched.qbuf, eager_ring) and torch.equal(out, eager_pos)
+        assert torch.equal(sched.query_ring, eager_ring) and torch.equal(out, eager_pos)

@@ -114,24 +114,24 @@ def test_round_compacts_frees_the_tail_and_shortens_the_row() -> None:
     batch = FakeBatch([req])
     sched.before_decode_alloc(batch)
     st = sched.state(req)
-    assert (st.row, st.lo, st.options.seed) == (row, lo, 3)
+    assert (st.row, st.region_start, st.options.seed) == (row, lo, 3)
     # Decode queries land at ring slot (column - lo) % R.
     for col in range(lo, lo + CFG.region_size):
         sched.record_queries(0, torch.tensor([row]), torch.tensor([col + 1]), torch.full((1, Q_HEADS * DIM),
                                                                                          float(col)))
-    ring = sched.qbuf[row, 0, 0, :, 0]
+    ring = sched.query_ring[row, 0, 0, :, 0]
     assert sorted(ring.tolist()) == [float(lo + CFG.budget + i) for i in range(CFG.recent)]
     region = sched.req_to_token_pool.req_to_token[row, lo : lo + CFG.region_size].long()
     prompt = sched.req_to_token_pool.req_to_token[row, :lo].long()
     before_k, before_v = sched.k_buf.clone(), sched.v_buf.clone()
-    queries = sched.qbuf[torch.tensor([row])].clone()
+    queries = sched.query_ring[torch.tensor([row])].clone()
 
     req.kv.kv_committed_len = req.kv.kv_allocated_len = lo + CFG.region_size
     batch = FakeBatch([req])
     sched.before_decode_alloc(batch)
 
-    assert (st.rounds, st.evicted, st.delta, st.compacted) == (1, CFG.recent, CFG.recent, True)
-    assert int(sched.delta_by_row[row]) == CFG.recent and sched.totals.rounds == 1
+    assert (st.rounds, st.evicted, st.compacted) == (1, CFG.recent, True)
+    assert int(sched.position_offset_by_row[row]) == CFG.recent and sched.totals.rounds == 1
     # The R tail slots are freed and the row ends at lo + B.
     (freed,) = batch.token_to_kv_pool_allocator.freed
     assert torch.equal(freed, region[CFG.budget :])
@@ -149,7 +149,8 @@ def test_round_compacts_frees_the_tail_and_shortens_the_row() -> None:
     assert sched.checkpoint_limit(req, lo + CFG.budget) == lo
     assert sched.checkpoint_limit(req, lo) is None
     assert sched.growth_bound(req) == CFG.recent
-    assert sched.counters(req)[1:] == (CFG.recent, 1, "")
+    counters = sched.counters(req)
+    assert (counters.evicted_tokens, counters.eviction_rounds, counters.reprefilled_tokens) == (CFG.recent, 1, "")
 
 
 def test_a_round_with_an_empty_query_ring_is_counted() -> None:
@@ -170,16 +171,16 @@ def test_reprefill_starts_a_new_region_and_keeps_the_counters() -> None:
     req = FakeReq("a", 1, 5)
     _decode_until_round(sched, [req])
     st = sched.state(req)
-    assert st.rounds == 1 and int(sched.delta_by_row[1]) == CFG.recent
+    assert st.rounds == 1 and int(sched.position_offset_by_row[1]) == CFG.recent
     # Retracted and re-prefilled into another row: prompt 5 + 12 generated tokens (fewer
     # than B + R: no round yet), the tree owning the prompt only. The region restarts
     # after the prompt.
     req.retraction_count = 1
     req.kv = FakeKV(3, 17, 17, 5)
     sched.before_decode_alloc(FakeBatch([req]))
-    assert (st.row, st.lo, st.delta, st.compacted, st.rounds, st.evicted) == (3, 5, 0, False, 1, CFG.recent)
-    assert int(sched.delta_by_row[3]) == 0 and int(sched.lo_by_row[3]) == 5 and st.reprefilled == [12]
-    assert sched.counters(req)[3] == "12" and st.region_len == 12
+    assert (st.row, st.region_start, st.compacted, st.rounds, st.evicted) == (3, 5, False, 1, CFG.recent)
+    assert int(sched.position_offset_by_row[3]) == 0 and st.reprefilled == [12]
+    assert sched.counters(req).reprefilled_tokens == "12" and st.region_len == 12
 
 
 def test_the_tree_takes_only_the_prompt_of_a_retracted_request() -> None:
@@ -199,7 +200,7 @@ def test_a_tree_owned_prefix_longer_than_the_prompt_stays_outside_the_region() -
     req.retraction_count = 1
     req.kv = FakeKV(1, 30, 30, 8)  # another request's output, shared through the tree
     sched.before_decode_alloc(FakeBatch([req]))
-    assert sched.state(req).lo == 8
+    assert sched.state(req).region_start == 8
 
 
 def test_after_a_reprefill_one_round_brings_the_region_back_to_budget() -> None:
@@ -214,7 +215,7 @@ def test_after_a_reprefill_one_round_brings_the_region_back_to_budget() -> None:
     queries = torch.randn((history, Q_HEADS * DIM))
     for layer in range(LAYERS):
         sched.record_extend_queries(layer, torch.tensor([2]), torch.tensor([total]), torch.tensor([history]), queries)
-    ring = sched.qbuf[2, 0].transpose(0, 1).reshape(CFG.recent, -1)  # [R, Hq * D] by slot
+    ring = sched.query_ring[2, 0].transpose(0, 1).reshape(CFG.recent, -1)  # [R, Hq * D] by slot
     for col in range(total - CFG.recent, total):
         assert torch.equal(ring[col % CFG.recent], queries[col - prompt])
     req.kv = FakeKV(2, total, total, prompt)
@@ -223,13 +224,14 @@ def test_after_a_reprefill_one_round_brings_the_region_back_to_budget() -> None:
     sched.before_decode_alloc(batch)
     st = sched.state(req)
     removed = history - CFG.budget
-    assert (st.lo, st.reprefilled, st.rounds, st.evicted, st.delta) == (prompt, [history], 1, removed, removed)
+    assert (st.region_start, st.reprefilled, st.rounds, st.evicted) == (prompt, [history], 1, removed)
+    assert int(sched.position_offset_by_row[st.row]) == removed
     assert req.kv.kv_committed_len == prompt + CFG.budget and batch.seq_lens.tolist() == [prompt + CFG.budget]
     (freed,) = batch.token_to_kv_pool_allocator.freed
     assert torch.equal(freed, region[CFG.budget :])
     assert sched.summary()["rounds_without_queries"] == 0
     # The next round is the usual one: B + R -> B.
-    assert not st.due(prompt + CFG.budget + CFG.recent - 1) and st.due(prompt + CFG.budget + CFG.recent)
+    assert not st.round_due(prompt + CFG.budget + CFG.recent - 1) and st.round_due(prompt + CFG.budget + CFG.recent)
 
 
 def test_prefill_queries_of_several_requests_land_in_their_rows() -> None:
@@ -237,7 +239,7 @@ def test_prefill_queries_of_several_requests_land_in_their_rows() -> None:
     # Two requests in one prefill batch: 3 and 9 new tokens after prefixes of 10 and 2.
     q = torch.arange(12, dtype=torch.float32)[:, None].expand(12, Q_HEADS * DIM).contiguous()
     sched.record_extend_queries(0, torch.tensor([1, 3]), torch.tensor([13, 11]), torch.tensor([3, 9]), q)
-    by_slot = sched.qbuf[:, 0, 0, :, 0]  # [rows, R]: the token index written at each slot
+    by_slot = sched.query_ring[:, 0, 0, :, 0]  # [rows, R]: the token index written at each slot
     assert {c % CFG.recent: by_slot[1, c % CFG.recent].item() for c in (10, 11, 12)} == {2: 0.0, 3: 1.0, 0: 2.0}
     assert [by_slot[3, c % CFG.recent].item() for c in range(7, 11)] == [8.0, 9.0, 10.0, 11.0]
 

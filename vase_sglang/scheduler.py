@@ -1,19 +1,21 @@
 """The eviction adapter: the one owner of per-request eviction state in a scheduler process.
 
 The hooks in ``vase_sglang.patches`` are one short call each into ``VaseScheduler``; no
-other module holds request state. It knows SGLang's request, batch and pool objects only
-by the few attributes it reads (listed in ``patches/manifest.py``); the policies below it
+other module holds request state. The SGLang attributes it reads and writes are declared
+in ``patches/contract.py`` (checked against the pinned SGLang); the policies below it
 know tensors only.
 
 Memory model (one request, one row of ``req_to_token``)::
 
-    columns [0, lo)            prompt / shared prefix: tree-owned, never written here
-    columns [lo, lo + B + R)   the request's region of generated tokens
+    columns [0, start)            prompt / shared prefix: tree-owned, never written here
+    columns [start, start + B + R)  the request's region of generated tokens (start: region_start)
 
 When the region is full (B + R), one round keeps B positions per (layer, KV head),
-moves them into columns [lo, lo + B) and frees the R tail slots. The row's slot indices
-never change; only the data inside the slots moves. RoPE positions stay logical:
-``delta`` (logical - physical) grows by R per round.
+moves them into columns [start, start + B) and frees the R tail slots. The row's slot
+indices never change; only the data inside the slots moves, so after a round a column
+of the region no longer holds the token of its position (the region is *compacted*, and
+the tree must never take it). RoPE positions stay logical: the row's *position offset*
+(logical - physical position) grows by R per round.
 
 After a retraction SGLang re-prefills prompt + every generated token. The region then
 restarts at the end of the prompt (or of the tree-owned prefix, if longer) and holds the
@@ -22,9 +24,10 @@ retracted request. The prefill recorded its last R queries in the ring, so when 
 a round runs at the first decode step and brings the region back to B (choosing among
 G - R candidates, more than the usual B).
 
-The query ring holds the query of column ``col`` at slot ``col % R``: decode steps and
-prefills write there, and the newest R columns are always the ones present (B is a
-multiple of R, so a round's shortening of the row keeps the mapping).
+The query ring (``query_ring``, one row per ``req_to_token`` row) holds the query of
+column ``col`` at slot ``col % R``: decode steps and prefills write there, and the newest
+R columns are always the ones present (B is a multiple of R, so a round's shortening of
+the row keeps the mapping).
 
 What it holds:
 
@@ -33,8 +36,9 @@ What it holds:
 * the KV buffers as ``[layers, slots, heads, dim]`` views and the query ring;
 * per request, weakly keyed by SGLang's ``Req`` so that a finished request's state goes
   with it: its options (config + seed) and its region;
-* per row of ``req_to_token``: ``lo`` and ``delta`` as device tensors, which the forward
-  pass reads without a host sync (CUDA-graph safe);
+* per row of ``req_to_token``: the position offset as a device tensor
+  (``position_offset_by_row``), which the forward pass reads without a host sync
+  (CUDA-graph safe); everything else lives in the request's ``RequestState``;
 * bounded totals (a fixed-size latency histogram).
 """
 
@@ -48,7 +52,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -58,7 +62,11 @@ from .config import PolicyConfig
 from .kernels import ops
 from .options import RequestOptions, captures_queries, resolve_request
 from .policies import POLICIES, Policy, Regions, RoundShape, make_policy
+from .sharding import HeadShard
 from .stats import LatencyHistogram
+
+if TYPE_CHECKING:  # the SGLang attributes read here, checked against the pinned SGLang
+    from .patches import contract as sg
 
 logger = logging.getLogger("vase_sglang.scheduler")
 
@@ -76,11 +84,10 @@ class RequestState:
     options: RequestOptions
     row: int = -1  # row of req_to_token; -1 until the first decode step
     generation: int = -1  # the row's allocation count when this region started
-    lo: int = 0  # first column of the region
+    region_start: int = 0  # first column of the region
     rounds: int = 0  # rounds over the request's life: part of each round's seed
-    compacted: bool = False  # region data moved since ``lo`` was set
+    compacted: bool = False  # region data moved since the region started
     evicted: int = 0  # tokens evicted per (layer, KV head)
-    delta: int = 0  # logical position - physical column
     region_len: int = 0  # physical KV length of the region, after this step's allocation
     # Generated tokens re-prefilled into each region started after a retraction (one entry
     # per retraction of this request: bounded by SGLang's retraction count).
@@ -95,9 +102,33 @@ class RequestState:
     def started(self) -> bool:
         return self.row >= 0
 
-    def due(self, cache_len: int) -> bool:
+    def round_due(self, cache_len: int) -> bool:
         """A round is due when the region holds B + R tokens (or more, after a re-prefill)."""
-        return self.cfg.evicts and cache_len - self.lo >= self.cfg.region_size
+        return self.cfg.evicts and cache_len - self.region_start >= self.cfg.region_size
+
+
+@dataclass(frozen=True)
+class RequestCounters:
+    """A request's eviction so far, as its meta_info reports it (``kv_<field>``)."""
+
+    region_len: int  # physical KV length of the region
+    evicted_tokens: int  # per (layer, KV head)
+    eviction_rounds: int
+    reprefilled_tokens: str  # generated tokens re-prefilled after each retraction, comma-separated
+
+    @classmethod
+    def before_first_decode(cls, req: sg.Req) -> RequestCounters:
+        """Before a region starts (or with ``--kv-policy none``): every generated token but
+        the one being sampled is in the cache, nothing evicted."""
+        return cls(max(0, len(req.output_ids) - 1), 0, 0, "")
+
+
+@dataclass(frozen=True)
+class PolicyChoice:
+    """The policy a request runs and why, as its meta_info reports it (``kv_<field>``)."""
+
+    policy: str
+    policy_reason: str
 
 
 @dataclass
@@ -144,6 +175,34 @@ def query_ring_bytes_per_request(cfg: PolicyConfig, n_layers: int, q_heads: int,
     if not captures_queries(cfg, auto):
         return 0
     return n_layers * q_heads * cfg.recent * head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class PolicyMemory:
+    """What the eviction path allocates beside the KV pool on one TP rank: the query ring
+    (one row per request slot) and the temporaries of one batched round."""
+
+    ring_bytes_per_request: int
+    request_slots: int
+    workspace_bytes: int
+
+    @property
+    def ring_bytes(self) -> int:
+        return self.ring_bytes_per_request * self.request_slots
+
+    @property
+    def total_bytes(self) -> int:
+        return self.ring_bytes + self.workspace_bytes
+
+
+def policy_memory(server_cfg: PolicyConfig, shard: HeadShard, n_layers: int, head_dim: int, itemsize: int,
+                  request_slots: int, auto: AutoTable | None = None) -> PolicyMemory:
+    """The one sizing of the ring and the round workspace, for a rank holding ``shard``'s
+    heads (the reservation before the pool exists and the start-up report both use it)."""
+    ring = query_ring_bytes_per_request(server_cfg, n_layers, shard.q_heads, head_dim, itemsize, auto)
+    shape = RoundShape(n_req=request_slots, n_layers=n_layers, q_heads=shard.q_heads, kv_heads=shard.kv_heads,
+                       head_dim=head_dim, itemsize=itemsize, total_kv_heads=shard.total_kv_heads)
+    return PolicyMemory(ring, request_slots, round_workspace_bytes(server_cfg, shape, auto))
 
 
 def policies_for(server_cfg: PolicyConfig, auto: AutoTable | None = None) -> list[str]:
@@ -199,7 +258,7 @@ class VaseScheduler:
         server_seed: int | None,
         k_buf: torch.Tensor,
         v_buf: torch.Tensor,
-        req_to_token_pool: Any,
+        req_to_token_pool: sg.ReqToTokenPool,
         q_heads: int,
         capture_queries: bool,
         backend: str | None = None,
@@ -222,31 +281,31 @@ class VaseScheduler:
         self.req_to_token_pool = req_to_token_pool
         n_rows = req_to_token_pool.size + 1
         # [rows, layers, Hq, R, D]: a round's queries are then one gather by row.
-        self.qbuf = (
+        self.query_ring = (
             torch.zeros((n_rows, self.n_layers, q_heads, server_cfg.recent, self.head_dim), dtype=k_buf.dtype,
                         device=self.device)
             if capture_queries
             else None
         )
-        self.lo_by_row = torch.zeros(n_rows, dtype=torch.int64, device=self.device)
-        self.delta_by_row = torch.zeros(n_rows, dtype=torch.int64, device=self.device)
+        # Logical - physical position of each row's next token: the forward reads it.
+        self.position_offset_by_row = torch.zeros(n_rows, dtype=torch.int64, device=self.device)
         self._policies: dict[PolicyConfig, Policy] = {}
         self._requests: weakref.WeakKeyDictionary[Any, RequestState] = weakref.WeakKeyDictionary()
         self._admitting_region: int | None = None
         self.totals = Totals()
 
     # ---- per-request state ------------------------------------------------------------
-    def state(self, req: Any) -> RequestState:
+    def state(self, req: sg.Req) -> RequestState:
         """The request's state, created from its validated options on first sight."""
         st = self._requests.get(req)
         if st is None:
             params = req.sampling_params
             options = resolve_request(self.server_cfg, self.server_seed, params.custom_params, rid=req.rid,
-                                      sampling_seed=getattr(params, "sampling_seed", None), auto=self.auto)
+                                      sampling_seed=params.sampling_seed, auto=self.auto)
             st = self._requests[req] = RequestState(options)
         return st
 
-    def _started(self, req: Any) -> RequestState | None:
+    def _started(self, req: sg.Req) -> RequestState | None:
         st = self._requests.get(req)
         return st if st is not None and st.started else None
 
@@ -261,7 +320,7 @@ class VaseScheduler:
 
     # ---- admission --------------------------------------------------------------------
     @contextmanager
-    def admitting(self, req: Any) -> Iterator[int | None]:
+    def admitting(self, req: sg.Req) -> Iterator[int | None]:
         """While SGLang sizes ``req``'s max_new_tokens: its region size, None if it does not evict."""
         cfg = self.state(req).cfg
         self._admitting_region = cfg.region_size if cfg.evicts else None
@@ -274,45 +333,46 @@ class VaseScheduler:
     def admitting_region(self) -> int | None:
         return self._admitting_region
 
-    def growth_bound(self, req: Any) -> int | None:
+    def growth_bound(self, req: sg.Req) -> int | None:
         """Slots a running request can still grow by; None: SGLang's own estimate applies."""
         st = self._started(req)
         if st is None or not st.cfg.evicts:
             return None
         # The region never holds more than B + R: what is left to grow is bounded by that.
         remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
-        room = st.cfg.region_size - (req.kv.kv_committed_len - st.lo)
+        room = st.cfg.region_size - (req.kv.kv_committed_len - st.region_start)
         return max(0, min(remaining, room))
 
     # ---- decode step ------------------------------------------------------------------
-    def before_decode_alloc(self, batch: Any) -> None:
+    def before_decode_alloc(self, batch: sg.ScheduleBatch) -> None:
         """Start regions of newly prefilled requests; run a round for each full region,
         free its R tail slots and shorten its row (committed == allocated == seq_len)."""
         due = []
         for i, req in enumerate(batch.reqs):
             st = self._begin_region(req)
-            if st.due(req.kv.kv_committed_len):
+            if st.round_due(req.kv.kv_committed_len):
                 due.append((i, req, st))
         if not due:
             return
         req_to_token = self.req_to_token_pool.req_to_token
-        self._run_rounds([(st, req_to_token[st.row, st.lo : int(req.kv.kv_committed_len)]) for _, req, st in due])
+        self._run_rounds([(st, req_to_token[st.row, st.region_start : int(req.kv.kv_committed_len)])
+                          for _, req, st in due])
         if DEBUG_DIGEST:
             for _, _, st in due:
-                st.prefix_digests.append(self._prefix_digest(st.row, st.lo))
+                st.prefix_digests.append(self._prefix_digest(st.row, st.region_start))
         self._shrink_rows(batch, due)
 
-    def after_decode_alloc(self, batch: Any) -> None:
+    def after_decode_alloc(self, batch: sg.ScheduleBatch) -> None:
         states = []
         for req in batch.reqs:
             st = self._started(req)
             if st is not None:
-                st.region_len = req.kv.kv_committed_len - st.lo
+                st.region_len = req.kv.kv_committed_len - st.region_start
                 states.append(st)
         if self.count_totals:
             metrics.observe_step([(st.cfg.region_size, st.region_len) for st in states if st.cfg.evicts])
 
-    def _begin_region(self, req: Any) -> RequestState:
+    def _begin_region(self, req: sg.Req) -> RequestState:
         """The request's state for its current row; a new region after a (re-)prefill."""
         st = self.state(req)
         row = int(req.kv.req_pool_idx)
@@ -323,18 +383,17 @@ class VaseScheduler:
         # region restarts after the prompt (or the tree-owned prefix, if longer) and positions
         # are physical again (the re-prefill recomputed every token at its own position).
         committed = int(req.kv.kv_committed_len)
-        owned_by_tree = int(getattr(req.kv, "cache_protected_len", 0) or 0)
-        lo = min(committed, max(len(req.origin_input_ids), owned_by_tree))
-        if committed > lo:  # generated tokens came back with a re-prefill
-            st.reprefilled.append(committed - lo)
-        st.row, st.generation, st.lo = row, generation, lo
-        st.compacted, st.delta, st.region_len = False, 0, committed - lo
-        self.lo_by_row[row] = st.lo
-        self.delta_by_row[row] = 0
+        owned_by_tree = int(req.kv.cache_protected_len or 0)
+        start = min(committed, max(len(req.origin_input_ids), owned_by_tree))
+        if committed > start:  # generated tokens came back with a re-prefill
+            st.reprefilled.append(committed - start)
+        st.row, st.generation, st.region_start = row, generation, start
+        st.compacted, st.region_len = False, committed - start
+        self.position_offset_by_row[row] = 0
         # The ring is not cleared: the prefill just wrote its last R queries there, and any
         # older slot is overwritten before the region can fill (B >= 2R decode steps).
         if DEBUG_DIGEST:
-            st.prefix_digests = [self._prefix_digest(row, st.lo)]
+            st.prefix_digests = [self._prefix_digest(row, st.region_start)]
         return st
 
     def _run_rounds(self, items: Sequence[tuple[RequestState, torch.Tensor]]) -> None:
@@ -365,7 +424,7 @@ class VaseScheduler:
         policy = self.policy(cfg)
         slots = torch.stack([s.long() for _, s in group])
         rows = torch.tensor([st.row for st, _ in group], device=self.device)
-        if policy.needs_queries and self.qbuf is not None:
+        if policy.needs_queries and self.query_ring is not None:
             self._check_queries(rows)
         self._select_and_compact(policy, slots, rows, [st.options.seed for st, _ in group],
                                  [st.rounds for st, _ in group])
@@ -374,37 +433,36 @@ class VaseScheduler:
             st.rounds += 1
             st.compacted = True
             st.evicted += removed
-            st.delta += removed
-            self.delta_by_row[st.row] += removed
+            self.position_offset_by_row[st.row] += removed
 
     def _select_and_compact(self, policy: Policy, slots: torch.Tensor, rows: torch.Tensor, seeds: list[int],
                             rounds: list[int]) -> None:
         """Choose what each region keeps and move it to the region's first B slots. The
         kernels read each request's queries in place from its ring row: no copy."""
-        reads_queries = policy.needs_queries and self.qbuf is not None
-        regions = Regions(self.k_buf, self.v_buf, slots, seeds=seeds, rounds=rounds,
-                          queries=self.qbuf if reads_queries else None, query_rows=rows if reads_queries else None,
-                          head_offset=self.head_offset, total_heads=self.total_kv_heads)
+        ring = self.query_ring if policy.needs_queries else None
+        regions = Regions(self.k_buf, self.v_buf, slots, seeds=seeds, rounds=rounds, queries=ring,
+                          query_rows=rows if ring is not None else None, head_offset=self.head_offset,
+                          total_heads=self.total_kv_heads)
         ops.compact(self.k_buf, self.v_buf, slots, policy.select(regions), backend=self.backend)
 
     def _check_queries(self, rows: torch.Tensor) -> None:
         # An unhooked backend leaves every layer empty: the first layer and head tell.
         # Rounds synchronize anyway.
-        assert self.qbuf is not None
-        empty = int((self.qbuf[rows, 0, 0].flatten(1).abs().amax(dim=1) == 0).sum())
+        assert self.query_ring is not None
+        empty = int((self.query_ring[rows, 0, 0].flatten(1).abs().amax(dim=1) == 0).sum())
         if empty:
             if not self.totals.rounds_without_queries:
                 logger.warning("vase-sglang: %d request(s) reached an eviction round with an empty query ring: "
                                "the attention backend's decode path records no queries", empty)
             self.totals.rounds_without_queries += empty
 
-    def _shrink_rows(self, batch: Any, due: list[tuple[int, Any, RequestState]]) -> None:
+    def _shrink_rows(self, batch: sg.ScheduleBatch, due: list[tuple[int, sg.Req, RequestState]]) -> None:
         req_to_token = self.req_to_token_pool.req_to_token
         seq_lens = batch.seq_lens.clone()
         seq_lens_cpu = batch.seq_lens_cpu.clone()
         orig = batch.orig_seq_lens.clone() if batch.orig_seq_lens is not None else None
         for i, req, st in due:
-            new_len = st.lo + st.cfg.budget
+            new_len = st.region_start + st.cfg.budget
             tail = req_to_token[st.row, new_len : int(req.kv.kv_committed_len)].to(torch.int64)
             batch.token_to_kv_pool_allocator.free(tail)
             req.kv.kv_committed_len = new_len
@@ -419,26 +477,28 @@ class VaseScheduler:
 
     # ---- forward pass (no host syncs: safe inside a CUDA graph) -------------------------
     def logical_positions(self, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Decode positions + delta: RoPE sees logical positions, the cache physical columns."""
-        return positions + self.delta_by_row[rows.long()].to(positions.dtype)
+        """Decode positions + each row's offset: RoPE sees logical positions, the cache
+        physical columns."""
+        return positions + self.position_offset_by_row[rows.long()].to(positions.dtype)
 
     def record_queries(self, layer_id: int, rows: torch.Tensor, seq_lens: torch.Tensor, q: torch.Tensor) -> None:
         """Store each row's decode query at ring slot ``column % R``.
 
         ``seq_lens`` are physical lengths including the token being decoded.
         """
-        if self.qbuf is None:
+        if self.query_ring is None:
             return
         rows = rows.long()
         pos = (seq_lens.long() - 1).remainder(self.server_cfg.recent)
-        self.qbuf[rows, layer_id, :, pos] = q.reshape(rows.shape[0], self.q_heads, self.head_dim).to(self.qbuf.dtype)
+        self.query_ring[rows, layer_id, :, pos] = (
+            q.reshape(rows.shape[0], self.q_heads, self.head_dim).to(self.query_ring.dtype))
 
     def record_extend_queries(self, layer_id: int, rows: torch.Tensor, seq_lens: torch.Tensor,
                               extend_lens: torch.Tensor, q: torch.Tensor) -> None:
         """Store the last R queries of each request in a prefill batch (``q`` holds the
         extend tokens of every request, concatenated) at ring slot ``column % R``.
         Prefills are never captured in a CUDA graph, so the selection may sync."""
-        if self.qbuf is None or q.shape[0] == 0:
+        if self.query_ring is None or q.shape[0] == 0:
             return
         recent = self.server_cfg.recent
         rows, seq_lens, extend_lens = rows.long(), seq_lens.long(), extend_lens.long().to(rows.device)
@@ -448,8 +508,8 @@ class VaseScheduler:
         first = torch.cumsum(extend_lens, 0) - extend_lens
         col = seq_lens[owner] - extend_lens[owner] + torch.arange(n_tok, device=rows.device) - first[owner]
         last = (col >= seq_lens[owner] - recent).nonzero().squeeze(1)
-        self.qbuf[rows[owner[last]], layer_id, :, col[last].remainder(recent)] = (
-            q[last].reshape(-1, self.q_heads, self.head_dim).to(self.qbuf.dtype))
+        self.query_ring[rows[owner[last]], layer_id, :, col[last].remainder(recent)] = (
+            q[last].reshape(-1, self.q_heads, self.head_dim).to(self.query_ring.dtype))
 
     # ---- start-up ---------------------------------------------------------------------
     def warm_up(self) -> int:
@@ -470,35 +530,35 @@ class VaseScheduler:
         return len(configs)
 
     # ---- radix tree -------------------------------------------------------------------
-    def checkpoint_limit(self, req: Any, up_to: int) -> int | None:
-        """The tree may take columns up to this (None: as asked). Columns past ``lo`` of a
-        compacted region hold another token's KV at each position (invariant I2). A
+    def checkpoint_limit(self, req: sg.Req, up_to: int) -> int | None:
+        """The tree may take columns up to this (None: as asked). The columns of a compacted
+        region hold another token's KV than their position's, so the tree stops at the
+        region's start. A
         retracted request's re-prefilled history is exact, but in the tree it would be a
         protected prefix that no round can evict: the tree takes its prompt only."""
-        if getattr(req, "retraction_count", 0) and self.state(req).cfg.evicts:
+        if req.retraction_count and self.state(req).cfg.evicts:
             prompt = len(req.origin_input_ids)
             if up_to > prompt:
                 return prompt
         st = self._started(req)
-        if st is not None and st.compacted and up_to > st.lo:
-            return st.lo
+        if st is not None and st.compacted and up_to > st.region_start:
+            return st.region_start
         return None
 
     # ---- reporting --------------------------------------------------------------------
-    def counters(self, req: Any) -> tuple[int, int, int, str]:
-        """(region length, tokens evicted, rounds, generated tokens re-prefilled after each
-        retraction, comma-separated) for the request's meta_info."""
+    def counters(self, req: sg.Req) -> RequestCounters:
+        """The request's eviction so far, for its meta_info."""
         st = self._started(req)
         if st is None:
-            return (max(0, len(req.output_ids) - 1), 0, 0, "")
-        return (st.region_len, st.evicted, st.rounds, ",".join(map(str, st.reprefilled)))
+            return RequestCounters.before_first_decode(req)
+        return RequestCounters(st.region_len, st.evicted, st.rounds, ",".join(map(str, st.reprefilled)))
 
-    def policy_choice(self, req: Any) -> tuple[str, str]:
-        """(the policy the request runs, why) for its meta_info."""
+    def policy_choice(self, req: sg.Req) -> PolicyChoice:
+        """The policy the request runs and why, for its meta_info."""
         options = self.state(req).options
-        return options.cfg.policy, options.reason
+        return PolicyChoice(options.cfg.policy, options.reason)
 
-    def digests(self, req: Any) -> str:
+    def digests(self, req: sg.Req) -> str:
         st = self._requests.get(req)
         return ",".join(st.prefix_digests) if st is not None else ""
 
@@ -520,15 +580,16 @@ class VaseScheduler:
             "round_latency_ms_max": ms(lat.max_seconds) if lat.count else None,
             # All rounds together, so a benchmark can state their share of the decode time.
             "round_seconds_total": round(lat.total_seconds, 4),
-            "query_ring_bytes": int(self.qbuf.numel() * self.qbuf.element_size()) if self.qbuf is not None else 0,
+            "query_ring_bytes": (int(self.query_ring.numel() * self.query_ring.element_size())
+                                 if self.query_ring is not None else 0),
             "policy_cache_entries": len(self._policies),
             # False on the other ranks of an attention-TP group: they run the same rounds.
             "counted_in_totals": self.count_totals,
             "tracked_requests": len(self._requests),
         }
 
-    def _prefix_digest(self, row: int, lo: int) -> str:
-        slots = self.req_to_token_pool.req_to_token[row, :lo].long()
+    def _prefix_digest(self, row: int, region_start: int) -> str:
+        slots = self.req_to_token_pool.req_to_token[row, :region_start].long()
         h = hashlib.sha256()
         for buf in (self.k_buf, self.v_buf):
             h.update(buf[:, slots].contiguous().cpu().view(torch.uint8).numpy().tobytes())
