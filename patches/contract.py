@@ -3,7 +3,7 @@
 ``manifest.py`` lists the functions we hook, set or call; this module lists the data we
 touch on SGLang's objects (request, batch, pools, forward batch, configs, server args).
 The hooks and ``VaseScheduler`` take these Protocols as parameter types, so mypy refuses
-an attribute that is not declared here; ``tests/test_manifest.py`` checks every
+an attribute that is not declared here; ``tests/unit/test_manifest.py`` checks every
 declaration against the pinned SGLang (``check_all``), so a renamed attribute fails by
 name instead of reading a ``getattr`` default or raising inside a decode step.
 
@@ -18,7 +18,7 @@ import ast
 import importlib
 import inspect
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any, Protocol
 
@@ -43,8 +43,8 @@ class SamplingParams(Protocol):
 class Req(Protocol):
     rid: str
     kv: ReqKvInfo
-    origin_input_ids: list[int]
-    output_ids: list[int]
+    origin_input_ids: Sequence[int]  # array('q') or list
+    output_ids: Sequence[int]
     sampling_params: SamplingParams
     retraction_count: int
 
@@ -147,6 +147,7 @@ class ServerArgs(Protocol):
     max_running_requests: int | None
     attention_backend: str | None
     decode_attention_backend: str | None
+    prefill_attention_backend: str | None
     kv_cache_dtype: str
     speculative_algorithm: str | None
     enable_mixed_chunk: bool
@@ -212,12 +213,14 @@ def _assigned_on_self(cls: type) -> frozenset[str]:
         return frozenset()
     names = set()
     for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else (
+        targets: list[ast.expr] = list(node.targets) if isinstance(node, ast.Assign) else (
             [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
-        for t in targets:
-            for sub in ast.walk(t):
-                if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self":
-                    names.add(sub.attr)
+        while targets:
+            t = targets.pop()
+            if isinstance(t, (ast.Tuple, ast.List)):  # self.a, self.b = ...
+                targets.extend(t.elts)
+            elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                names.add(t.attr)  # not self.a.b = ..., which assigns b on another object
     return frozenset(names)
 
 

@@ -27,7 +27,7 @@
   SGLang answers with HTTP 400.
 
 Both the native ``/generate`` and the OpenAI endpoints reach these checks, the prompt
-check after tokenization, once per request of a batch. ``tests/fuzz_fields.py`` derives
+check after tokenization, once per request of a batch. ``tests/support/fuzz_fields.py`` derives
 the fuzz that found most of them from SGLang's own request types.
 """
 

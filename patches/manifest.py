@@ -2,7 +2,7 @@
 
 The hook decorator only accepts targets listed here (with the same kind), the plugin
 checks each target it applies against its entry at start-up, and
-``tests/test_manifest.py`` checks all of them offline against the pinned SGLang, so a
+``tests/unit/test_manifest.py`` checks all of them offline against the pinned SGLang, so a
 version bump that renames a target or changes a signature fails with the target's name
 instead of serving wrong results.
 

@@ -68,7 +68,7 @@ def _reserve_policy_memory(original, configurator: sg.KVCacheConfigurator, *args
         return available
     from sglang.srt.runtime_context import get_context
 
-    server_args = get_context().server_args
+    server_args: sg.ServerArgs = get_context().server_args
     mc = configurator.model_config
     # The ring and a round's scratch take the KV pool's dtype, not the model's: an fp32
     # --kv-cache-dtype under a bf16 model doubles them. Every rank holds as many heads.
@@ -85,7 +85,8 @@ def _check_model(model_runner: sg.ModelRunner) -> None:
     mc = model_runner.model_config
     hf = mc.hf_text_config
     problems = []
-    if getattr(mc, "attention_arch", None) is not None and "MLA" in str(mc.attention_arch):
+    # AttentionArch is an IntEnum: str() of a member is its number on Python 3.11+.
+    if getattr(mc.attention_arch, "name", None) == "MLA":
         problems.append("MLA attention")
     if getattr(hf, "sliding_window", None) and getattr(hf, "use_sliding_window", True):
         problems.append(f"sliding-window attention (window {hf.sliding_window})")
@@ -114,7 +115,7 @@ def _build_runtime(result: Any, model_runner: sg.ModelRunner, *args: Any, **kwar
     mc = model_runner.model_config
     from sglang.srt.runtime_context import get_parallel
 
-    parallel = get_parallel()
+    parallel: sg.ParallelContext = get_parallel()
     shard = _shard(mc, parallel.attn_tp_size, parallel.attn_tp_rank)
     if shard.kv_heads != kv_heads:
         fail(f"--kv-policy {cfg.policy}: the KV pool holds {kv_heads} heads per layer, the sharding gives "

@@ -1,7 +1,7 @@
 """Input guards for SGLang's other client routes (main process), for every server the
 plugin loads into. ``guards.py`` checks the request bodies that reach the scheduler; the
 hooks here cover handlers that let a client's mistake through as an HTTP 500 (found by
-``tests/fuzz_fields.py``'s fuzz of every client route):
+``tests/support/fuzz_fields.py``'s fuzz of every client route):
 
 * ``OpenAIServingDetokenize._handle_non_streaming_request`` BEFORE (``/detokenize``,
   ``/v1/detokenize``): token ids outside the vocabulary are a ValueError (HTTP 400); the

@@ -29,9 +29,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = [
-    "tests/test_kernels.py", "tests/test_round_cost.py", "tests/test_kernel_int64.py",
-    "tests/test_cuda_graph_safety.py", "tests/test_policy_properties.py", "tests/test_sampling_distribution.py",
-    "tests/test_sharding.py", "tests/test_scheduler.py", "tests/test_config.py",
+    "tests/kernels/test_kernels.py", "tests/kernels/test_round_cost.py", "tests/kernels/test_kernel_int64.py",
+    "tests/unit/test_cuda_graph_safety.py", "tests/unit/test_policy_properties.py",
+    "tests/unit/test_sampling_distribution.py", "tests/unit/test_sharding.py", "tests/unit/test_scheduler.py",
+    "tests/unit/test_config.py",
 ]
 LIMITS = {"tests": 300, "bench": 180, "sanitizer": 90}
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measures the reliability figures the README quotes and writes them under results/:
 # the same end-to-end tests CI runs, with VASE_RESULTS set so that each writes its JSON:
-#   results/reliability/fuzz-{vase,none}.json  bodies by status, per route (test_e2e_guards)
+#   results/reliability/fuzz-{vase,none}.json  bodies by status, per route (tests/e2e/test_e2e_guards.py)
 #   results/reliability/killed-worker.json     what requests in flight on a killed worker got
 #   results/gateway/gateway.json               one server vs 2 workers behind smg
 #   results/reliability/shutdown.json          SIGTERM to exit during rounds
@@ -18,6 +18,6 @@ if [ "${1:-}" = "--long" ]; then
 fi
 export VASE_RESULTS="$(pwd)/results"
 exec .venv/bin/pytest -p no:cacheprovider -s \
-  tests/test_e2e_guards.py tests/test_e2e_gateway.py tests/test_e2e_shutdown.py \
-  "tests/test_e2e_memory.py::test_a_retracted_request_is_evicted_back_to_its_budget_and_matches_the_reference" \
-  tests/test_e2e_soak.py "$@"
+  tests/e2e/test_e2e_guards.py tests/e2e/test_e2e_gateway.py tests/e2e/test_e2e_shutdown.py \
+  "tests/e2e/test_e2e_memory.py::test_a_retracted_request_is_evicted_back_to_its_budget_and_matches_the_reference" \
+  tests/e2e/test_e2e_soak.py "$@"

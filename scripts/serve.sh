@@ -28,6 +28,4 @@ if ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
   args+=(--device cpu --attention-backend torch_native --disable-cuda-graph --dtype float32
          --mem-fraction-static 0.1 --max-total-tokens 65536 --sleep-on-idle)
 fi
-# Run outside the checkout: its kernels/ folder would shadow the `kernels` package.
-cd /tmp
 exec "$py" -m sglang.launch_server "${args[@]}" "$@"

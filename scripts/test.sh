@@ -4,16 +4,14 @@
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo="$(pwd)"
 bash scripts/setup.sh test
 set +e
 .venv/bin/ruff check .
 lint=$?
-# mypy checks the installed package: the source tree maps kernels/ and patches/ into
-# vase_sglang only at install time. Run from outside the checkout so it is not shadowed.
-(cd / && "$repo/.venv/bin/mypy" --config-file "$repo/pyproject.toml" --cache-dir "$repo/.mypy_cache" -p vase_sglang)
+.venv/bin/mypy -p vase_sglang
 types=$?
-# Not `python -m pytest`: that would put the checkout on sys.path ahead of the install.
+# The installed package, as users and servers get it (`python -m pytest tests/unit` from
+# the root works too).
 .venv/bin/pytest "$@"
 rc=$?
 set -e

@@ -8,19 +8,15 @@ Layers, from the bottom:
 * ``vase_sglang.scheduler`` -- ``VaseScheduler``: the one owner of per-request eviction state.
 * ``vase_sglang.patches``   -- the thin SGLang glue: hooks on the targets listed in
   ``patches/manifest.py``, each one call into the scheduler adapter.
+
+``vase_sglang/kernels`` and ``vase_sglang/patches`` are links to the top-level
+``kernels/`` and ``patches/`` folders, so the checkout imports as it is laid out.
+``kernels/`` has no ``__init__.py``: run from the checkout root, it is a namespace
+portion, which loses to the installed ``kernels`` package SGLang imports instead of
+shadowing it.
 """
 
-import os as _os
-
-# In a source checkout, kernels/ and patches/ sit beside this folder rather than inside
-# it (the installed package maps them to vase_sglang.kernels / vase_sglang.patches).
-_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if not _os.path.isdir(_os.path.join(_os.path.dirname(__file__), "kernels")) and _os.path.isfile(
-    _os.path.join(_root, "kernels", "ops.py")
-):
-    __path__.append(_root)  # noqa: F821 - the package's own __path__
-
-from .config import POLICY_NAMES, VALUE_STATS, PolicyConfig, PolicyConfigError  # noqa: E402 - after __path__
+from .config import POLICY_NAMES, VALUE_STATS, PolicyConfig, PolicyConfigError
 
 __version__ = "0.1.0"
 

@@ -20,7 +20,7 @@ Phases, each with its own time limit; a failure records its traceback's tail and
 
 If an arm cannot start on the Qwen3-8B shape (memory, say), both arms run again on the Qwen3-1.7B shape.
 ``$OUT/gpu_e2e.json`` is rewritten after every phase; the servers' logs go beside it. ``--device cpu``
-runs the same phases on SGLang's CPU engine (the CPU rehearsal, ``tests/test_gpu_e2e_kit.py``).
+runs the same phases on SGLang's CPU engine (the CPU rehearsal, ``tests/tools/test_gpu_e2e_kit.py``).
 Exit status: 0 when every check held, 1 otherwise.
 """
 

@@ -10,12 +10,12 @@ Why chunks are exact: a round can only fire when the region is full, which happe
 ``recent`` fed tokens, and between rounds the kept set does not change. So feeding the
 ``recent`` tokens of a teacher sequence as one causal chunk computes the same K/V, queries
 and logits as feeding them one by one; it just turns 32 matrix-vector products into one
-matrix product. ``tests/test_fidelity.py`` checks chunked against one-by-one.
+matrix product. ``tests/tools/test_fidelity.py`` checks chunked against one-by-one.
 
 Works for the dense decoders with standard attention: Llama (SmolLM2), Mistral without a
 sliding window, Qwen2 / Qwen2.5 (q/k/v biases, e.g. DeepSeek-R1-Distill-Qwen) and Qwen3
 (per-head q/k norms, the bundled model). ``check_supported`` names what another model lacks;
-``tests/test_fidelity.py`` checks each family against HF's own forward.
+``tests/tools/test_fidelity.py`` checks each family against HF's own forward.
 """
 
 from __future__ import annotations

@@ -1,0 +1,45 @@
+"""Fixtures of the end-to-end tests: one real CPU server per configuration."""
+
+from __future__ import annotations
+
+import pytest
+from support.constants import ADMISSION_POOL, LOAD_POOL, VASE_ARGS
+from support.server import start_server
+
+# Each server configuration is used by one test module only and lives for that module:
+# started once per test run, and stopped before the next module's servers start, so
+# the two cores are not shared with idle servers.
+
+
+@pytest.fixture(scope="session")
+def server_dir(tmp_path_factory: pytest.TempPathFactory):
+    return tmp_path_factory.mktemp("servers")
+
+
+@pytest.fixture(scope="module")
+def vase_server(request, tiny_model, server_dir):
+    return start_server(request, "vase", tiny_model, server_dir, *VASE_ARGS, "--enable-metrics",
+                        env={"VASE_SGLANG_DEBUG_DIGEST": "1"})
+
+
+@pytest.fixture(scope="module")
+def none_server(request, tiny_model, server_dir):
+    return start_server(request, "none", tiny_model, server_dir, "--kv-policy", "none")
+
+
+@pytest.fixture(scope="module")
+def retract_server(request, tiny_model, server_dir):
+    # SGLang's own test switch: retract running requests every few forwards.
+    return start_server(request, "retract", tiny_model, server_dir, *VASE_ARGS, env={"SGLANG_TEST_RETRACT": "1"})
+
+
+@pytest.fixture(scope="module")
+def admission_server(request, tiny_model, server_dir):
+    return start_server(request, "admission", tiny_model, server_dir, *VASE_ARGS, "--decode-log-interval", "10",
+                        max_total_tokens=ADMISSION_POOL)
+
+
+@pytest.fixture(scope="module")
+def load_server(request, tiny_model, server_dir):
+    return start_server(request, "load", tiny_model, server_dir, *VASE_ARGS, "--decode-log-interval", "10",
+                        max_total_tokens=LOAD_POOL)

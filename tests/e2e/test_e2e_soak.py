@@ -1,0 +1,41 @@
+"""Soak, short version (results/README.md documents the long run).
+
+90 s of the mixed Locust load (long and short outputs, shared prefix, n > 1, client
+disconnects, per-request overrides) against a server with SGLang's leak checks on,
+through ``python -m vase_sglang.bench.soak``: RSS at most 32 MiB above its value after the
+warm-up, 0 KV slots in use when idle, 0 HTTP 5xx, no crash, a bounded ``/kv_policy``
+payload.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.e2e import record
+
+from vase_sglang.bench import soak
+
+pytestmark = pytest.mark.e2e
+
+LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtest" / "locustfile.py"
+
+
+def test_short_soak_is_flat_and_leak_free(tmp_path: Path) -> None:
+    args = soak.parse_args(["--duration", "90", "--warmup", "30", "--sample-every", "3", "--users", "8",
+                            "--output-len", "150", "--short-len", "16",
+                            "--strict-checks", "--locustfile", str(LOCUSTFILE), "--out", str(tmp_path),
+                            "--", "--kv-budget", "128", "--kv-recent", "32", "--max-running-requests", "32"])
+    result = soak.run(args)
+    v = result["verdict"]
+    record("reliability/soak-short", {"seconds": 90, "requests": result["locust"]["requests"],
+                                      "failures": result["locust"]["failures"], **v})
+    assert v["rss_growth_mib"] <= soak.MAX_RSS_GROWTH_MIB
+    assert v["pass"], json.dumps({**v, "errors": result["locust"]["errors"]}, indent=1)
+    # SGLang's leak checks slow the server down: about 40 requests of 400 tokens fit in 90 s.
+    assert result["locust"]["requests"] >= 50 and result["locust"]["failures"] == 0
+    assert set(result["locust"]["by_name"]) >= {"abort", "override", "prefix", "long", "n"}
+    assert result["samples"][-1]["rounds"] > 0  # rounds ran throughout
+    assert (tmp_path / "soak.png").stat().st_size > 0
+    assert "Traceback" not in (tmp_path / "server.log").read_text(errors="replace")

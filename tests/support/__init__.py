@@ -1,0 +1,1 @@
+"""Shared test support: fakes, constants, servers, reference decoders."""

@@ -1,0 +1,79 @@
+"""Fake SGLang objects with exactly the attributes the adapter reads (declared in
+patches/contract.py), and a VaseScheduler over them: no SGLang, no server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vase_sglang.config import PolicyConfig
+from vase_sglang.options import stamp_validated, validate_request
+from vase_sglang.scheduler import VaseScheduler, stacked_view
+
+CFG = PolicyConfig(policy="vase", budget=16, recent=4, sinks=2)
+LAYERS, HEADS, DIM, Q_HEADS = 3, 2, 8, 4
+
+
+@dataclass
+class FakeKV:
+    req_pool_idx: int
+    kv_committed_len: int
+    kv_allocated_len: int
+    cache_protected_len: int = 0  # columns the radix tree owns
+
+
+@dataclass
+class FakeParams:
+    custom_params: dict[str, Any] | None = None
+    sampling_seed: int | None = None
+    max_new_tokens: int = 1000
+
+
+class FakeReq:
+    def __init__(self, rid: str, row: int, prompt: int, custom: dict[str, Any] | None = None,
+                 sampling_seed: int | None = None):
+        if custom:  # what SamplingParams.verify leaves for the scheduler
+            cfg, seed = validate_request(CFG, custom)
+            stamp_validated(custom, cfg, seed)
+        self.rid = rid
+        self.sampling_params = FakeParams(custom, sampling_seed)
+        self.kv = FakeKV(row, prompt, prompt, prompt)
+        self.origin_input_ids = list(range(prompt))
+        self.output_ids: list[int] = []
+        self.retraction_count = 0
+
+
+class FakePool:
+    def __init__(self, rows: int, cols: int):
+        self.size = rows - 1
+        self.req_to_token = torch.arange(rows * cols, dtype=torch.int32).reshape(rows, cols) + 1
+        self.req_generation = torch.ones(rows, dtype=torch.int64)
+
+
+@dataclass
+class FakeAllocator:
+    freed: list[torch.Tensor] = field(default_factory=list)
+
+    def free(self, slots: torch.Tensor) -> None:
+        self.freed.append(slots.clone())
+
+
+class FakeBatch:
+    def __init__(self, reqs: list[FakeReq]):
+        self.reqs = reqs
+        lens = torch.tensor([r.kv.kv_committed_len for r in reqs])
+        self.seq_lens, self.seq_lens_cpu, self.orig_seq_lens = lens.clone(), lens.clone(), lens.clone()
+        self.seq_lens_sum: int | None = int(lens.sum())
+        self.token_to_kv_pool_allocator = FakeAllocator()
+
+
+def make_scheduler(rows: int = 4, cols: int = 40, server_seed: int | None = None,
+                   cfg: PolicyConfig = CFG) -> VaseScheduler:
+    """A VaseScheduler on the torch backend over a fake pool and random K/V."""
+    pool = FakePool(rows, cols)
+    fused = torch.randn((LAYERS, 2, rows * cols + 1, HEADS, DIM))
+    k = stacked_view([fused[i, 0] for i in range(LAYERS)])
+    v = stacked_view([fused[i, 1] for i in range(LAYERS)])
+    return VaseScheduler(cfg, server_seed, k, v, pool, Q_HEADS, capture_queries=True, backend="torch")

@@ -1,0 +1,61 @@
+"""Every package folder in the checkout is listed in pyproject.toml, so the installed
+distribution (which the tests and servers import) has all of it; and the checkout root
+imports as it is laid out, without shadowing SGLang's own ``kernels`` import."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_all_source_packages_are_shipped() -> None:
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = set()
+    # kernels/ and patches/ are reached through their links in vase_sglang/.
+    for folder, _, files in os.walk(ROOT / "vase_sglang", followlinks=True):
+        if any(f.endswith(".py") for f in files):
+            found.add(".".join(Path(folder).relative_to(ROOT).parts))
+    assert found <= listed, f"not shipped: {sorted(found - listed)}"
+    assert (ROOT / "vase_sglang" / "kernels").resolve() == ROOT / "kernels"
+    assert (ROOT / "vase_sglang" / "patches").resolve() == ROOT / "patches"
+
+
+def _from_root(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
+
+def test_the_checkout_root_imports_its_own_tree() -> None:
+    # The installed package's .pth hooks import vase_sglang at interpreter start-up: drop it,
+    # then import the checkout's copy as laid out (kernels/ and patches/ through their links).
+    where = _from_root("import sys; "
+                       "[sys.modules.pop(m) for m in list(sys.modules) if m.split('.')[0] == 'vase_sglang']; "
+                       "sys.path.insert(0, ''); "
+                       "import vase_sglang.kernels.ops as o, vase_sglang.patches.manifest as m; "
+                       "print(o.__file__); print(m.__file__)").splitlines()
+    assert where == [str(ROOT / "vase_sglang" / "kernels" / "ops.py"),
+                     str(ROOT / "vase_sglang" / "patches" / "manifest.py")]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("kernels") is None, reason="the kernels package is not installed")
+def test_the_root_kernels_folder_does_not_shadow_the_kernels_package() -> None:
+    installed = importlib.util.find_spec("kernels")
+    assert installed is not None and installed.origin is not None
+    assert _from_root("import kernels; print(kernels.__file__)") == installed.origin
+
+
+def test_kernels_and_patches_are_not_top_level_names() -> None:
+    import vase_sglang.kernels
+    import vase_sglang.patches
+
+    assert vase_sglang.kernels.__name__ == "vase_sglang.kernels"
+    assert vase_sglang.patches.__name__ == "vase_sglang.patches"
