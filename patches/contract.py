@@ -15,14 +15,15 @@ the class (or a base), a class attribute, method or property, or assigned as
 from __future__ import annotations
 
 import ast
-import importlib
 import inspect
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import cache
 from typing import Any, Protocol
 
 import torch
+
+from . import manifest
 
 # ---- scheduler process: requests and batches ---------------------------------------------
 
@@ -198,12 +199,6 @@ def members(protocol: type) -> list[str]:
     return names
 
 
-def _resolve_class(path: str) -> type:
-    module, _, name = path.rpartition(".")
-    obj = importlib.import_module(module)
-    return getattr(obj, name)
-
-
 @cache
 def _assigned_on_self(cls: type) -> frozenset[str]:
     """Names a class's own methods assign as ``self.<name>`` (annotated or not)."""
@@ -238,10 +233,10 @@ def defines(cls: type, name: str) -> bool:
     return False
 
 
-def check(protocol: type, path: str, resolve: Callable[[str], type] = _resolve_class) -> list[str]:
+def check(protocol: type, path: str) -> list[str]:
     """One line per declared attribute the SGLang class at ``path`` does not define."""
     try:
-        cls = resolve(path)
+        cls = manifest.resolve(path)
     except Exception as exc:  # noqa: BLE001 - any import or lookup failure breaks the contract
         return [f"{path}: cannot be resolved ({type(exc).__name__}: {exc})"]
     return [f"{path}.{name}: not defined by SGLang (declared in patches/contract.py {protocol.__name__})"

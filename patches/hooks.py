@@ -102,12 +102,8 @@ def entries_for(process: str) -> list[manifest.Target]:
     return [e for e in manifest.MANIFEST if e.process == process and manifest.available(e)]
 
 
-def registered(target: str) -> Callable[..., Any] | None:
-    """The hook (or installer) registered for ``target``, if any."""
-    return _registered.get(target)
-
-
 def registered_targets() -> set[str]:
+    """The targets a hook (or installer) is registered for."""
     return set(_registered)
 
 
