@@ -32,12 +32,17 @@ GATEWAY_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "lea
 class Gateway:
     """``python -m smg launch`` in its own process group."""
 
-    def __init__(self, worker_urls: list[str], policy: str, workdir: Path, port: int | None = None):
+    def __init__(self, worker_urls: list[str], policy: str, workdir: Path, port: int | None = None,
+                 metrics_port: int | None = None):
         self.port = port or free_port()
+        self.metrics_port = metrics_port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = workdir / f"gateway-{policy}.log"
+        self.log_path = workdir / f"gateway-{policy}-{self.port}.log"
         self.cmd = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(self.port),
                     "--worker-urls", *worker_urls, "--policy", policy,
+                    # smg's metrics listener defaults to port 29000 whatever --port is: a second
+                    # gateway on the machine would fail to bind it and exit.
+                    "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
                     # Notice a dead worker within about a second; SGLang workers answer /health.
                     "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
                     "--health-check-endpoint", "/health", "--log-level", "info"]
@@ -96,14 +101,16 @@ class Cluster:
         assert self.gateway is not None
         return self.gateway.url
 
-    def start(self, timeout: float = 300.0, gateway_port: int | None = None) -> Cluster:
+    def start(self, timeout: float = 300.0, gateway_port: int | None = None,
+              metrics_port: int | None = None) -> Cluster:
         try:
             for w in self.workers:
                 w.launch()
             deadline = time.monotonic() + timeout
             for w in self.workers:
                 w.wait_healthy(deadline)
-            self.gateway = Gateway([w.url for w in self.workers], self.policy, self.workdir, gateway_port).start()
+            self.gateway = Gateway([w.url for w in self.workers], self.policy, self.workdir, gateway_port,
+                                   metrics_port).start()
         except BaseException:
             self.stop()
             raise
@@ -151,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="model path (default: the bundled chain-qwen3 model)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--port", type=int, default=30000, help="the gateway's port (default 30000)")
+    p.add_argument("--metrics-port", type=int, default=29000,
+                   help="the gateway's Prometheus /metrics port (default 29000, smg's own)")
     p.add_argument("--served-model-name", default="vase",
                    help="the model name clients send; the gateway routes by it (default vase)")
     p.add_argument("--workdir", default="cluster-logs", help="where the logs go (default ./cluster-logs)")
@@ -167,12 +176,13 @@ def main(argv: list[str] | None = None) -> int:
                        *args.worker_args], args.device, args.policy)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        cluster.start(gateway_port=args.port)
+        cluster.start(gateway_port=args.port, metrics_port=args.metrics_port)
         for w in cluster.workers:
             print(f"worker {w.name}: {w.url} (pid {w.proc.pid if w.proc else '?'}, log {w.log_path})", flush=True)
         gw = cluster.gateway
         assert gw is not None and gw.proc is not None
-        print(f"gateway ({args.policy}): {gw.url} (pid {gw.proc.pid}, log {gw.log_path}); Ctrl-C stops everything",
+        print(f"gateway ({args.policy}): {gw.url} (pid {gw.proc.pid}, metrics http://127.0.0.1:{gw.metrics_port}"
+              f"/metrics, log {gw.log_path}); Ctrl-C stops everything",
               flush=True)
         while True:
             time.sleep(3600)
