@@ -10,7 +10,7 @@
   ``BaseTokenToKVPoolAllocator.max_new_tokens_for_memory`` AROUND and
   ``schedule_policy.CLIP_MAX_NEW_TOKENS``: admission by region size.
 
-Why each exists: ``patches/manifest.py``. What each does: ``vase_sglang/scheduler.py``.
+Why each exists: ``patches/manifest.py``. What each does: ``vase_sglang/plugin/scheduler.py``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from vase_sglang import scheduler
-from vase_sglang.options import exported_config
+from vase_sglang.plugin import scheduler
+from vase_sglang.plugin.options import exported_config
 
 from . import contract as sg
 from .hooks import AFTER, AROUND, BEFORE, fail, hook, installs

@@ -27,8 +27,8 @@ import logging
 import os
 from typing import Any
 
-from vase_sglang import scheduler
-from vase_sglang.options import (
+from vase_sglang.plugin import scheduler
+from vase_sglang.plugin.options import (
     VALIDATED_KEY,
     exported_auto,
     exported_config,

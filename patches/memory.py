@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from vase_sglang import scheduler
 from vase_sglang.kernels import ops
-from vase_sglang.options import captures_queries, exported_auto, exported_config, exported_seed
-from vase_sglang.scheduler import MAX_ROUND_BATCH, VaseScheduler, policy_memory, stacked_view
+from vase_sglang.plugin import scheduler
+from vase_sglang.plugin.options import captures_queries, exported_auto, exported_config, exported_seed
+from vase_sglang.plugin.scheduler import MAX_ROUND_BATCH, VaseScheduler, policy_memory, stacked_view
 from vase_sglang.sharding import HeadShard, head_shard
 
 from . import contract as sg

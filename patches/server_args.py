@@ -19,10 +19,11 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from vase_sglang.auto import AutoTable
 from vase_sglang.config import PolicyConfig, PolicyConfigError
-from vase_sglang.options import add_cli_flags, export_config, exported_config, server_options
+from vase_sglang.plugin.auto import AutoTable
+from vase_sglang.plugin.options import add_cli_flags, export_config, exported_config, server_options
 
+from . import contract as sg
 from .hooks import AFTER, AROUND, fail, hook, installs
 
 logger = logging.getLogger("vase_sglang.patches.server_args")
@@ -68,8 +69,9 @@ def default_attention_backend(device: str | None, cuda_available: bool, has_flas
 
 
 def _reader(given: Any) -> Callable[[str], Any]:
-    """Field values of server args, or of a dict of their keyword arguments."""
-    return given.get if isinstance(given, dict) else lambda name: getattr(given, name, None)
+    """Field values of server args (every field is there: a renamed one raises), or of a
+    dict of their keyword arguments (only what the user gave)."""
+    return given.get if isinstance(given, dict) else lambda name: getattr(given, name)
 
 
 def choose_attention_backend(given: Any, cfg: PolicyConfig) -> str | None:
@@ -178,29 +180,29 @@ def engine_server_args(server_args_class: type):
     return factory
 
 
-def unsupported_reasons(cfg: Any, environ: Mapping[str, str] = os.environ) -> list[str]:
+def unsupported_reasons(cfg: sg.ServerArgs, environ: Mapping[str, str] = os.environ) -> list[str]:
     """What a resolved server config (and the environment) has that the eviction path cannot run with."""
     reasons = []
-    if getattr(cfg, "speculative_algorithm", None):
+    if cfg.speculative_algorithm:
         reasons.append(f"--speculative-algorithm {cfg.speculative_algorithm} (speculative decoding)")
-    if getattr(cfg, "pp_size", 1) > 1:
+    if cfg.pp_size > 1:
         reasons.append(f"--pp-size {cfg.pp_size} (pipeline parallelism)")
-    if getattr(cfg, "enable_mixed_chunk", False):
+    if cfg.enable_mixed_chunk:
         reasons.append("--enable-mixed-chunk (mixed prefill/decode batches)")
-    if getattr(cfg, "page_size", 1) not in (None, 1):
+    if cfg.page_size not in (None, 1):
         reasons.append(f"--page-size {cfg.page_size} (only 1 is supported)")
-    if getattr(cfg, "disaggregation_mode", "null") not in (None, "null"):
+    if cfg.disaggregation_mode not in (None, "null"):
         reasons.append(f"--disaggregation-mode {cfg.disaggregation_mode}")
-    if getattr(cfg, "enable_hierarchical_cache", False):
+    if cfg.enable_hierarchical_cache:
         reasons.append("--enable-hierarchical-cache")
-    if getattr(cfg, "kv_cache_dtype", "auto") not in SUPPORTED_KV_DTYPES:
+    if cfg.kv_cache_dtype not in SUPPORTED_KV_DTYPES:
         reasons.append(f"--kv-cache-dtype {cfg.kv_cache_dtype} (quantised KV)")
     for name in ("attention_backend", "decode_attention_backend"):
-        backend = getattr(cfg, name, None)
+        backend = getattr(cfg, name)
         if backend is not None and backend not in SUPPORTED_BACKENDS:
             flag = "--" + name.replace("_", "-")
             reasons.append(f"{flag} {backend} (supported: {', '.join(SUPPORTED_BACKENDS)})")
-    prefill_graph = getattr(cfg, "cuda_graph_backend_prefill", None)
+    prefill_graph = cfg.cuda_graph_backend_prefill
     if prefill_graph is not None and str(getattr(prefill_graph, "value", prefill_graph)) != "disabled":
         reasons.append(f"--cuda-graph-backend-prefill {getattr(prefill_graph, 'value', prefill_graph)} "
                        "(the prefill query hook cannot be captured; decode CUDA graphs are supported)")

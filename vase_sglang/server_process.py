@@ -1,8 +1,7 @@
 """Start, watch and stop one ``sglang.launch_server`` process (used by the benchmarks and eval).
 
-Every server runs in its own process group, with its working directory outside any source
-checkout (the repo's ``kernels/`` folder would shadow SGLang's ``kernels`` package), and
-``stop()`` ends the whole group: SIGTERM, then SIGKILL for what is left.
+Every server runs in its own process group, in its own working directory (where its logs
+go), and ``stop()`` ends the whole group: SIGTERM, then SIGKILL for what is left.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ MODULES = (
     "sglang.srt.models.qwen3",
     "sglang.srt.models.llama",
     "vase_sglang.plugin",
-    "vase_sglang.scheduler",
+    "vase_sglang.plugin.scheduler",
     "vase_sglang.kernels.ops",
     "vase_sglang.patches.decode",
     "vase_sglang.patches.memory",

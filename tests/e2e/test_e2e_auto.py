@@ -14,7 +14,7 @@ import requests
 from support.e2e import greedy, launch
 from support.server import Server
 
-from vase_sglang.auto import CALIBRATION_KIND, model_fingerprint
+from vase_sglang.plugin.auto import CALIBRATION_KIND, model_fingerprint
 
 pytestmark = pytest.mark.e2e
 

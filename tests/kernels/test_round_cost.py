@@ -30,8 +30,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from vase_sglang.config import PolicyConfig
 from vase_sglang.kernels import _common, compact, cur, ops, reference, select, value_stat, window_attention
+from vase_sglang.plugin.scheduler import (
+    VaseScheduler,
+    policies_for,
+    round_workspace_bytes,
+    stacked_view,
+    warmup_configs,
+)
 from vase_sglang.policies import POLICIES, Regions, RoundShape, make_policy
-from vase_sglang.scheduler import VaseScheduler, policies_for, round_workspace_bytes, stacked_view, warmup_configs
 
 KERNEL_MODULES = (compact, cur, select, value_stat, window_attention)
 # bf16 operands (tensor cores on a GPU) against the fp32 reference on the same bf16 data.

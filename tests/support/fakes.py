@@ -4,13 +4,14 @@ patches/contract.py), and a VaseScheduler over them: no SGLang, no server."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from vase_sglang.config import PolicyConfig
-from vase_sglang.options import stamp_validated, validate_request
-from vase_sglang.scheduler import VaseScheduler, stacked_view
+from vase_sglang.plugin.options import stamp_validated, validate_request
+from vase_sglang.plugin.scheduler import VaseScheduler, stacked_view
 
 CFG = PolicyConfig(policy="vase", budget=16, recent=4, sinks=2)
 LAYERS, HEADS, DIM, Q_HEADS = 3, 2, 8, 4
@@ -77,3 +78,20 @@ def make_scheduler(rows: int = 4, cols: int = 40, server_seed: int | None = None
     k = stacked_view([fused[i, 0] for i in range(LAYERS)])
     v = stacked_view([fused[i, 1] for i in range(LAYERS)])
     return VaseScheduler(cfg, server_seed, k, v, pool, Q_HEADS, capture_queries=True, backend="torch")
+
+
+def server_args(**given: Any) -> SimpleNamespace:
+    """Every field of SGLang's ``ServerArgs`` at its default, ``given`` on top: read like the
+    real record, without the resolution that building one runs (it loads the model config)."""
+    import msgspec
+    from sglang.srt.server_args import ServerArgs
+
+    def default(f: Any) -> Any:  # model_path, the one required field, reads None
+        if f.default_factory is not msgspec.NODEFAULT:
+            return f.default_factory()
+        return None if f.default is msgspec.NODEFAULT else f.default
+
+    defaults = {f.name: default(f) for f in msgspec.structs.fields(ServerArgs)}
+    unknown = set(given) - set(defaults)
+    assert not unknown, f"not ServerArgs fields: {sorted(unknown)}"
+    return SimpleNamespace(**{**defaults, **given})

@@ -9,9 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from vase_sglang.auto import BUILTIN, BUILTIN_POLICY, CALIBRATION_KIND, AutoTable, load_calibration, model_fingerprint
 from vase_sglang.config import PolicyConfig, PolicyConfigError
-from vase_sglang.options import (
+from vase_sglang.plugin.auto import (
+    BUILTIN,
+    BUILTIN_POLICY,
+    CALIBRATION_KIND,
+    AutoTable,
+    load_calibration,
+    model_fingerprint,
+)
+from vase_sglang.plugin.options import (
     captures_queries,
     export_config,
     exported_auto,
@@ -20,8 +27,8 @@ from vase_sglang.options import (
     stamp_validated,
     validate_with_reason,
 )
+from vase_sglang.plugin.scheduler import reachable_configs, round_workspace_bytes, warmup_configs
 from vase_sglang.policies import RoundShape, make_policy
-from vase_sglang.scheduler import reachable_configs, round_workspace_bytes, warmup_configs
 
 CONFIG = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 PROBE = (
-    "import sgl_kernel, vase_sglang.cpu_mode as c; "
+    "import sgl_kernel, vase_sglang.plugin.cpu_mode as c; "
     "print('stand-in' if c.is_stand_in(sgl_kernel) else 'real:' + getattr(sgl_kernel, 'WHO', '?'))"
 )
 
@@ -58,7 +58,7 @@ def test_nothing_happens_without_the_cpu_engine(tmp_path: Path) -> None:
 
 
 def test_stand_in_names_what_sglang_imports_and_fails_loudly_if_called() -> None:
-    from vase_sglang.cpu_mode import STUB_NAMES, make_stub
+    from vase_sglang.plugin.cpu_mode import STUB_NAMES, make_stub
 
     stub = make_stub()
     assert "assign_req_to_token_pool_cpu" in STUB_NAMES

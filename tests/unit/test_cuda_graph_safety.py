@@ -24,8 +24,8 @@ import torch
 from support.fakes import CFG, DIM, HEADS, LAYERS, Q_HEADS, FakeBatch, FakePool, FakeReq, make_scheduler
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from vase_sglang import scheduler as scheduler_module
-from vase_sglang.scheduler import VaseScheduler, stacked_view
+from vase_sglang.plugin import scheduler as scheduler_module
+from vase_sglang.plugin.scheduler import VaseScheduler, stacked_view
 
 
 def test_a_round_inside_capture_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from vase_sglang.config import PolicyConfig, PolicyConfigError
-from vase_sglang.options import (
+from vase_sglang.plugin.options import (
     add_cli_flags,
     config_from_flags,
     export_config,

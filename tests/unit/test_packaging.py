@@ -59,3 +59,59 @@ def test_kernels_and_patches_are_not_top_level_names() -> None:
 
     assert vase_sglang.kernels.__name__ == "vase_sglang.kernels"
     assert vase_sglang.patches.__name__ == "vase_sglang.patches"
+
+
+# The two parts of the package (vase_sglang/__init__.py): what runs inside SGLang, and the
+# tools beside it. The algorithm and the kernels must run without SGLang (the fidelity
+# harness and the kernel tests use them alone).
+TOOLS = {"bench", "calibrate", "eval", "fidelity", "models", "bundled", "cluster", "server_process", "cli"}
+ALGORITHM = {"config", "policies", "sharding", "kernels"}
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (kernels/ and patches/ through their links)."""
+    out = {}
+    for folder, _, files in os.walk(ROOT / "vase_sglang", followlinks=True):  # rglob skips links
+        for file in files:
+            if file.endswith(".py"):
+                parts = (Path(folder) / file).relative_to(ROOT).with_suffix("").parts
+                out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = Path(folder) / file
+    return out
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The absolute names a module imports, relative imports resolved."""
+    import ast
+
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _part(name: str) -> str:
+    top = name.split(".")[1] if name.count(".") else ""
+    return "tool" if top in TOOLS else "algorithm" if top in ALGORITHM else "plugin"
+
+
+def test_what_runs_inside_sglang_imports_no_tool_and_the_algorithm_no_sglang() -> None:
+    modules = _modules()
+    assert {_part(n) for n in modules} == {"tool", "algorithm", "plugin"}
+    assert {"vase_sglang.kernels.ops", "vase_sglang.patches.hooks"} <= set(modules)
+    crossings = []
+    for name, path in modules.items():
+        for imported in _imports(name, path):
+            if _part(name) != "tool" and imported.startswith("vase_sglang.") and _part(imported) == "tool":
+                crossings.append(f"{name} imports the tool {imported}")
+            if _part(name) == "algorithm" and imported.split(".")[0] in ("sglang", "sgl_kernel"):
+                crossings.append(f"{name} imports {imported}")
+    assert not crossings, "\n".join(crossings)

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from vase_sglang.config import PolicyConfig
-from vase_sglang.options import export_config
 from vase_sglang.patches import memory
+from vase_sglang.plugin.options import export_config
+from vase_sglang.plugin.scheduler import query_ring_bytes_per_request, round_workspace_bytes
 from vase_sglang.policies import RoundShape
-from vase_sglang.scheduler import query_ring_bytes_per_request, round_workspace_bytes
 
 VASE = PolicyConfig(policy="vase", budget=256, recent=64)
 # 64 request rows: past the 32 regions a round batches, so the ring and the round's

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from support import fakes
 
 from vase_sglang.config import PolicyConfig
 from vase_sglang.patches import server_args as sa
@@ -18,10 +19,7 @@ VASE = PolicyConfig(policy="vase", budget=128, recent=32)
 
 
 def _args(**given) -> SimpleNamespace:
-    fields = {"device": None, "disable_overlap_schedule": False, "max_running_requests": None,
-              "disable_prefill_cuda_graph": False, "cuda_graph_backend_prefill": None,
-              **{name: None for name in sa.BACKEND_FIELDS}}
-    return SimpleNamespace(**{**fields, **given})
+    return fakes.server_args(**given)
 
 
 @pytest.mark.parametrize(("device", "cuda", "flashinfer", "expect"), [
@@ -70,7 +68,7 @@ def test_a_named_backend_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_frontend_runtime_kwargs_get_the_same_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vase_sglang.frontend import runtime_kwargs
+    from vase_sglang.plugin.frontend import runtime_kwargs
 
     _simulate_hopper(monkeypatch, False)
     monkeypatch.delenv("VASE_SGLANG_CONFIG", raising=False)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from vase_sglang.stats import GROWTH, LatencyHistogram
+from vase_sglang.plugin.stats import GROWTH, LatencyHistogram
 
 
 def test_quantiles_are_within_one_bucket_of_the_exact_ones() -> None:

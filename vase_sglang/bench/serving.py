@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve(st: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
     """Checks the options together and fills in the defaults, in place; a bad one exits through parser.error."""
     from ..config import PolicyConfig, PolicyConfigError
-    from ..options import seed_from_flag
+    from ..plugin.options import seed_from_flag
     try:
         PolicyConfig(policy="vase", budget=st.kv_budget, recent=st.kv_recent)
         seed_from_flag(st.kv_seed)
@@ -133,7 +133,7 @@ def sglang_bench(server: ServerProcess, st: argparse.Namespace, result: Path, wo
            "--num-prompts", str(st.requests), "--request-rate", "inf", "--seed", str(st.seed),
            "--flush-cache", "--disable-tqdm", "--output-details", "--output-file", str(result)]
     log = result.with_suffix(".log")
-    with open(log, "wb") as f:  # cwd outside the checkout, like the servers: kernels/ shadows a package
+    with open(log, "wb") as f:
         rc = subprocess.run(cmd, cwd=workdir, stdout=f, stderr=subprocess.STDOUT).returncode
     lines = result.read_text().splitlines() if result.exists() else []
     if rc != 0 or not lines:

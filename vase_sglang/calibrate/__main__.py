@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 
-from vase_sglang.auto import CALIBRATION_KIND, CALIBRATION_VERSION, model_fingerprint
 from vase_sglang.calibrate import analysis
 from vase_sglang.calibrate.analysis import CANDIDATES, STOCHASTIC
 from vase_sglang.cli import OneLineParser, positive_int
@@ -43,6 +42,7 @@ from vase_sglang.fidelity.loop import (
 )
 from vase_sglang.fidelity.prompts import PROMPT_SETS
 from vase_sglang.fidelity.sweep import ArmSpec, teacher_forced, write_json
+from vase_sglang.plugin.auto import CALIBRATION_KIND, CALIBRATION_VERSION, model_fingerprint
 from vase_sglang.policies import mix_seed
 
 log = logging.getLogger("vase_sglang.calibrate")

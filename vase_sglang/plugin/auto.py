@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import POLICY_NAMES, PolicyConfigError
+from ..config import POLICY_NAMES, PolicyConfigError
 
 CALIBRATION_KIND = "vase-sglang-calibration"
 CALIBRATION_VERSION = 1

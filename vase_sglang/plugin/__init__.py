@@ -1,4 +1,5 @@
-"""The SGLang plugin entry point (group ``sglang.srt.plugins``, name ``vase``).
+"""What runs inside SGLang's processes; ``register`` is the plugin entry point (group
+``sglang.srt.plugins``, name ``vase``).
 
 SGLang calls ``register()`` in every process it starts. Each process applies the
 manifest entries of its role (``patches/manifest.py``'s ``process``), because resolving
@@ -38,8 +39,8 @@ def _role() -> str:
 
 
 def register() -> None:
-    from vase_sglang.options import exported_config
     from vase_sglang.patches import hooks
+    from vase_sglang.plugin.options import exported_config
 
     role = _role()
     if role == "main":

@@ -56,19 +56,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..config import PolicyConfig
+from ..kernels import ops
+from ..policies import POLICIES, Policy, Regions, RoundShape, make_policy
+from ..sharding import HeadShard
 from . import metrics
 from .auto import AutoTable
-from .config import PolicyConfig
-from .kernels import ops
 from .options import RequestOptions, captures_queries, resolve_request
-from .policies import POLICIES, Policy, Regions, RoundShape, make_policy
-from .sharding import HeadShard
 from .stats import LatencyHistogram
 
 if TYPE_CHECKING:  # the SGLang attributes read here, checked against the pinned SGLang
-    from .patches import contract as sg
+    from ..patches import contract as sg
 
-logger = logging.getLogger("vase_sglang.scheduler")
+logger = logging.getLogger("vase_sglang.plugin.scheduler")
 
 # Test oracle: digest the prompt's K/V bytes when a region starts and after each round.
 DEBUG_DIGEST = os.environ.get("VASE_SGLANG_DEBUG_DIGEST") == "1"

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import POLICY_NAMES, PolicyConfig, PolicyConfigError
+from ..policies import POLICIES, mix_seed
 from .auto import BUILTIN, AutoTable, fingerprint_of_path, load_calibration
-from .config import POLICY_NAMES, PolicyConfig, PolicyConfigError
-from .policies import POLICIES, mix_seed
 
 # The environment carries the server's policy to every SGLang process (scheduler,
 # detokenizer, DP controller) and survives ``sglang.Engine(**kwargs)``.

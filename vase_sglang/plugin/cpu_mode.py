@@ -22,7 +22,7 @@ import os
 import sys
 import types
 
-logger = logging.getLogger("vase_sglang.cpu_mode")
+logger = logging.getLogger("vase_sglang.plugin.cpu_mode")
 
 # Names sglang 0.5.23 imports unconditionally under SGLANG_USE_CPU_ENGINE=1.
 STUB_NAMES = (

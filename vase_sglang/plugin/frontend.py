@@ -24,8 +24,8 @@ from typing import Any
 TARGET_MODULE = "sglang.lang.backend.runtime_endpoint"
 def runtime_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Take the ``kv_*`` arguments out of ``kwargs``, export the policy, return the rest."""
+    from ..patches.server_args import ENGINE_KWARGS, policy_overrides
     from .options import export_config, server_options
-    from .patches.server_args import ENGINE_KWARGS, policy_overrides
 
     flags = {name: kwargs.pop(name, None) for name in ENGINE_KWARGS}
     cfg, seed, auto = server_options(flags["kv_policy"], flags["kv_budget"], flags["kv_recent"], flags["kv_seed"],
