@@ -24,7 +24,8 @@
 * ``fastapi.dependencies.utils.request_body_to_args`` AROUND: an exception other than a
   validation error while a body is validated against its model (SGLang's OpenAI models
   run "before" validators that assume the field types) becomes a validation error, which
-  SGLang answers with HTTP 400.
+  SGLang answers with HTTP 400; so does a ``/vertex_generate`` ``parameters`` key that
+  ``GenerateReqInput`` does not take (the handler passes them as keyword arguments).
 
 Both the native ``/generate`` and the OpenAI endpoints reach these checks, the prompt
 check after tokenization, once per request of a batch. ``tests/support/fuzz_fields.py`` derives
@@ -110,6 +111,12 @@ def check_stop_regex(value: Any, field: str = "stop_regex") -> None:
             raise ValueError(f"{where}: not a regular expression ({exc})") from None
 
 
+ONE_PROMPT_SAMPLING_PARAMS = "sampling_params: a list for one prompt; send one object"
+# Per-prompt fields checked as the client sent them (check_batch_shapes), not by the generic
+# check_request_fields: the normalisation rewrites rid, one generated id per sample.
+CHECKED_AS_SENT = ("rid",)
+
+
 @hook("sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments", AROUND)
 @hook("sglang.srt.managers.io_struct.EmbeddingReqInput.normalize_batch_and_arguments", AROUND)
 def _normalize_or_400(original, obj: Any, *args: Any, **kwargs: Any) -> Any:
@@ -119,8 +126,9 @@ def _normalize_or_400(original, obj: Any, *args: Any, **kwargs: Any) -> Any:
     # Read before the normalisation, which fills rid with one generated id per sample (n).
     given_rid = getattr(obj, "rid", None)
     if given_len is not None and _one_prompt(obj):
-        # The embedding body's normalisation indexes the list by name (a TypeError) first.
-        raise ValueError("sampling_params: a list for one prompt; send one object")
+        # Checked before the normalisation too: the embedding body's indexes the list by name
+        # (a TypeError) first, and a list holding n > 1 turns one prompt into a batch.
+        raise ValueError(ONE_PROMPT_SAMPLING_PARAMS)
     try:
         result = original(obj, *args, **kwargs)
     except (IndexError, KeyError, TypeError, AttributeError, AssertionError) as exc:
@@ -150,11 +158,13 @@ def check_batch_shapes(obj: Any, sampling_params_given: int | None, rid_given: A
     one prompt or of the wrong length, and a ``sampling_params`` list whose length is not
     the number of prompts. ``obj`` is normalised; the other two are what the client sent
     (a normalised rid holds one id per sample, prompts x n)."""
+    if rid_given is not None and not isinstance(rid_given, (str, list)):
+        raise ValueError(f"rid: expected a string, or a list of strings one per prompt; got {type(rid_given).__name__}")
     if getattr(obj, "is_single", True):
-        if rid_given is not None and not isinstance(rid_given, str):
-            raise ValueError(f"rid: one prompt takes one string id, got {type(rid_given).__name__}")
-        if sampling_params_given is not None:
-            raise ValueError("sampling_params: a list for one prompt; send one object")
+        if isinstance(rid_given, list):
+            raise ValueError("rid: one prompt takes one string id, got a list")
+        if sampling_params_given is not None:  # a prompt form only the normalisation recognises
+            raise ValueError(ONE_PROMPT_SAMPLING_PARAMS)
         return
     prompts = obj.batch_size
     if sampling_params_given is not None and sampling_params_given != prompts:
@@ -176,10 +186,39 @@ async def _body_validation_or_400(original, body_fields: Any, received_body: Any
     # errors, so a wrong type surfaced as an AttributeError and an HTTP 500. Validating a
     # client's body only reads it: report the failure as a validation error (HTTP 400).
     try:
-        return await original(body_fields, received_body, *args, **kwargs)
+        values, errors = await original(body_fields, received_body, *args, **kwargs)
     except (AttributeError, TypeError, KeyError, IndexError) as exc:
         return {}, [{"type": "value_error", "loc": ("body",), "input": None,
                      "msg": f"malformed request body: {type(exc).__name__}: {exc}"}]
+    problem = None if errors else vertex_parameters_problem(values)
+    if problem:
+        return {}, [{"type": "value_error", "loc": ("body", "parameters"), "input": None, "msg": problem}]
+    return values, errors
+
+
+# What /vertex_generate passes to GenerateReqInput itself, taken from the instances.
+VERTEX_INPUTS = ("text", "input_ids", "input_embeds", "image_data")
+
+
+def vertex_parameters_problem(values: dict[str, Any]) -> str | None:
+    """What is wrong with a validated /vertex_generate body's ``parameters``, or None. The
+    handler passes them as keyword arguments to ``GenerateReqInput`` beside the inputs it
+    takes from the instances, so a key that is not a field of it, or one of those inputs,
+    was a TypeError and an HTTP 500."""
+    import dataclasses
+
+    from sglang.srt.managers.io_struct import GenerateReqInput, VertexGenerateReqInput
+
+    for value in values.values():
+        if not isinstance(value, VertexGenerateReqInput) or not isinstance(value.parameters, dict):
+            continue
+        fields = {f.name for f in dataclasses.fields(GenerateReqInput)}
+        for key in value.parameters:
+            if key in VERTEX_INPUTS:
+                return f"parameters.{key}: the inputs come from the instances"
+            if key not in fields:
+                return f"parameters.{key}: not a generation parameter (the fields of /generate's body)"
+    return None
 
 
 def check_session_params(value: Any) -> None:
@@ -315,6 +354,8 @@ def check_request_fields(obj: Any) -> None:
     upstream is checked without a change here."""
     single = getattr(obj, "is_single", True)
     for name, (scalar, item) in _request_field_forms(obj.__class__).items():
+        if name in CHECKED_AS_SENT:
+            continue
         value = getattr(obj, name, None)
         if value is None or _matches(value, scalar):
             continue

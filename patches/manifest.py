@@ -78,7 +78,8 @@ MANIFEST: tuple[Target, ...] = (
            "the same for /api/generate", ("self", "request", "raw_request")),
     Target("fastapi.dependencies.utils.request_body_to_args", AROUND, "main",
            "an exception in SGLang's own pydantic validators of an OpenAI body (e.g. a list response_format) "
-           "is the client's malformed input: HTTP 400, not 500",
+           "is the client's malformed input, and so is a /vertex_generate parameter that GenerateReqInput does "
+           "not take: HTTP 400, not 500",
            ("body_fields", "received_body", "embed_body_fields")),
     Target("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", BEFORE, "main",
            "reject out-of-vocabulary token ids and empty prompts with HTTP 400 before they crash the scheduler",

@@ -7,16 +7,17 @@
 #   results/reliability/shutdown.json          SIGTERM to exit during rounds
 #   results/reliability/retraction.json        re-prefills and the log-prob match
 #   results/reliability/soak-short.json        the 90 s soak (the 30-min one: bench.soak)
-#   scripts/reliability.sh          # as in CI (about 15 minutes on 2 cores)
-#   scripts/reliability.sh --long   # the fuzz with 10x the bodies
+#   scripts/reliability.sh          # as in CI (about 10 minutes on 2 cores)
+#   scripts/reliability.sh --long   # only the fuzz, with 10x the bodies:
+#                                   #   results/reliability/fuzz-{vase,none}-x10.json
 # Extra arguments go to pytest. Needs the test environment (scripts/setup.sh test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = "--long" ]; then
-  export VASE_FUZZ_SCALE=10
-  shift
-fi
 export VASE_RESULTS="$(pwd)/results"
+if [ "${1:-}" = "--long" ]; then
+  shift
+  VASE_FUZZ_SCALE=10 exec .venv/bin/pytest -p no:cacheprovider -s tests/e2e/test_e2e_guards.py "$@"
+fi
 exec .venv/bin/pytest -p no:cacheprovider -s \
   tests/e2e/test_e2e_guards.py tests/e2e/test_e2e_gateway.py tests/e2e/test_e2e_shutdown.py \
   "tests/e2e/test_e2e_memory.py::test_a_retracted_request_is_evicted_back_to_its_budget_and_matches_the_reference" \

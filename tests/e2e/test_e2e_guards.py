@@ -113,6 +113,16 @@ OOV = -1000  # replaced by the model's vocabulary size
      "token_ids_logprob[0]"),
     # Without the guard each is an HTTP 500 (a per-prompt field of the wrong shape fails after normalisation).
     ("/generate", {"text": "hi", "rid": ["x", "y"]}, "rid: one prompt takes one string id"),
+    # Without the guard these are HTTP 500s (the handler passes parameters to GenerateReqInput).
+    ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"max_new_tokens": 2}},
+     "parameters.max_new_tokens: not a generation parameter"),
+    ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"image_data": None}},
+     "parameters.image_data: the inputs come from the instances"),
+    # SGLang's own body validation names rid in these (loc ('body', 'rid', ...)).
+    ("/generate", {"text": ["a", "b"], "rid": 5}, "'rid'"),
+    ("/generate", {"text": ["a", "b"], "rid": ["x", 3]}, "'rid'"),
+    ("/generate", {"text": "hi", "sampling_params": [{"n": 2, "max_new_tokens": 2}]},
+     "sampling_params: a list for one prompt"),
     ("/generate", {"text": ["a", "b", "c"], "sampling_params": [{"max_new_tokens": 2}]},
      "sampling_params: 1 objects for 3 prompts"),
     # Without the guard each kills the whole server (the scheduler reads a per-prompt field as a list).
@@ -216,6 +226,19 @@ def _policy(server) -> str:
     return "vase" if server.name == "guards" else "none"
 
 
+def _stream_error_status(error: dict) -> int:
+    """The HTTP status an error inside a stream stands for: OpenAI streams carry it as
+    ``code``; Anthropic's (``/v1/messages``) carry only a ``type``, mapped by SGLang's own
+    table (``invalid_request_error`` is its 400). Anything else counts as a 500."""
+    from sglang.srt.entrypoints.anthropic.serving import ERROR_TYPE_MAP
+
+    code = error.get("code")
+    if isinstance(code, int):
+        return code
+    by_type = {kind: status for status, kind in sorted(ERROR_TYPE_MAP.items(), reverse=True)}  # lowest wins
+    return by_type.get(error.get("type"), 500)
+
+
 def _post(server, path: str, body: dict) -> int:
     stream = body.get("stream") is True
     r = requests.post(server.url + path, data=json.dumps(body), headers={"Content-Type": "application/json"},
@@ -224,8 +247,7 @@ def _post(server, path: str, body: dict) -> int:
     if stream and status == 200:
         for line in r.iter_lines():  # errors inside a stream arrive as data lines
             if line.startswith(b"data: {") and b'"error"' in line:
-                code = json.loads(line[6:]).get("error", {}).get("code", 500)
-                status = code if isinstance(code, int) else 500
+                status = _stream_error_status(json.loads(line[6:]).get("error", {}))
     r.close()
     return status
 
@@ -300,7 +322,8 @@ def test_after_the_fuzz_the_server_answers_as_before(fuzz_server, fuzz_baseline)
     totals = Counter()
     for counts in report["status"].values():
         totals.update(counts)
-    record(f"reliability/fuzz-{policy}", {
+    # The long run (scripts/reliability.sh --long) writes beside CI's figures, not over them.
+    record(f"reliability/fuzz-{policy}" + (f"-x{SCALE:g}" if SCALE != 1 else ""), {
         "policy": policy, "scale": SCALE, "bodies": sum(totals.values()),
         "status": {str(k): v for k, v in sorted(totals.items())},
         "by_route": {p: {str(k): v for k, v in sorted(c.items())} for p, c in report["status"].items()},
