@@ -227,10 +227,10 @@ def _client_request(url: str, prompt: str, stream: bool) -> dict[str, Any]:
 
 
 def test_a_killed_worker_is_routed_around(cluster) -> None:
-    """Non-streaming requests in flight on the killed worker are retried by the gateway on
-    the survivor and succeed; a stream in flight there cannot be retried once it has sent
-    tokens: the client gets HTTP 200, the tokens sent so far, then a data line with an
-    error of type ``stream_error`` and ``[DONE]``."""
+    """Non-streaming requests in flight when a worker is SIGKILLed all succeed (on the
+    survivor, or retried there by the gateway); a stream cut on the dead worker after it
+    sent tokens cannot be retried: the client gets HTTP 200, the tokens sent so far, then a
+    data line with an error of type ``stream_error`` and ``[DONE]``."""
     cluster.restart_gateway("cache_aware")
     victim, survivor = cluster.workers[1], cluster.workers[0]
     results: list[dict[str, Any]] = []
