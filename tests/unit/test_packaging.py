@@ -18,11 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_all_source_packages_are_shipped() -> None:
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = set()
-    # kernels/ and patches/ are reached through their links in vase_sglang/.
-    for folder, _, files in os.walk(ROOT / "vase_sglang", followlinks=True):
-        if any(f.endswith(".py") for f in files):
-            found.add(".".join(Path(folder).relative_to(ROOT).parts))
+    # The packages holding a module; kernels/ and patches/ are reached through their links.
+    found = {name if path.name == "__init__.py" else name.rpartition(".")[0] for name, path in _modules().items()}
     assert found <= listed, f"not shipped: {sorted(found - listed)}"
     assert (ROOT / "vase_sglang" / "kernels").resolve() == ROOT / "kernels"
     assert (ROOT / "vase_sglang" / "patches").resolve() == ROOT / "patches"

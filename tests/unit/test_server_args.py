@@ -6,7 +6,6 @@ unsupported backend."""
 from __future__ import annotations
 
 import importlib.util
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,8 +17,7 @@ from vase_sglang.patches import server_args as sa
 VASE = PolicyConfig(policy="vase", budget=128, recent=32)
 
 
-def _args(**given) -> SimpleNamespace:
-    return fakes.server_args(**given)
+_args = fakes.server_args
 
 
 @pytest.mark.parametrize(("device", "cuda", "flashinfer", "expect"), [
