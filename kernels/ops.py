@@ -50,11 +50,14 @@ def _impl(name: str, device: torch.device, backend: str | None) -> Callable[...,
     if resolve_backend(device, backend) == "torch":
         return getattr(reference, name)
     # Imported lazily: the torch path must not pay for Triton's JIT set-up.
-    from . import compact, cur, select, value_stat, window_attention
+    from . import compact, cur, evicted_mass, select, value_stat, window_attention
 
     modules: dict[str, ModuleType] = {
         "value_stat": value_stat,
         "window_attention_score": window_attention,
+        "window_attention_probs": window_attention,
+        "smooth": window_attention,
+        "evicted_mass": evicted_mass,
         "cur_score": cur,
         "select": select,
         "compact": compact,
@@ -81,6 +84,23 @@ def window_attention_score(
     request's queries in place from a ring ``[rows, n_layers, Hq, R, D]`` (no copy)."""
     return _impl("window_attention_score", k_buf.device, backend)(queries, k_buf, slots, temperature, smoothing_kernel,
                                                                   query_rows)
+
+
+def window_attention_probs(queries: torch.Tensor, k_buf: torch.Tensor, slots: torch.Tensor, temperature: float = 1.0,
+                           query_rows: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
+    """The window queries' attention over the candidates, averaged over the R queries and
+    each KV head's group: ``[n_req, n_layers, Hkv, C]``, rows summing to 1."""
+    return _impl("window_attention_probs", k_buf.device, backend)(queries, k_buf, slots, temperature, query_rows)
+
+
+def smooth(probs: torch.Tensor, smoothing_kernel: int = 5, backend: str | None = None) -> torch.Tensor:
+    """Average pool along the candidates: window attention -> SnapKV's score."""
+    return _impl("smooth", probs.device, backend)(probs, smoothing_kernel)
+
+
+def evicted_mass(probs: torch.Tensor, keep: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+    """``[...]``: the mass of ``probs [..., C]`` on the candidates ``keep [..., K]`` does not keep."""
+    return _impl("evicted_mass", probs.device, backend)(probs, keep)
 
 
 def cur_score(k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, sketch: torch.Tensor,

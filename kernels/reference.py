@@ -41,6 +41,40 @@ def value_stat(v_buf: torch.Tensor, slots: torch.Tensor, stat: str) -> torch.Ten
     raise ValueError(f"unknown value statistic {stat!r}")
 
 
+def window_attention_probs(
+    queries: torch.Tensor,
+    k_buf: torch.Tensor,
+    slots: torch.Tensor,
+    temperature: float = 1.0,
+    query_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The attention of the last R queries over the candidates, per KV head.
+
+    ``queries``: ``[n_req, n_layers, Hq, R, D]`` post-RoPE queries of the recent window;
+    with ``query_rows``, ``queries`` is the whole ring and request i reads row ``query_rows[i]``.
+    For each query head: logits ``q.k / (sqrt(D) T)`` over the candidates only, softmax
+    over the candidates, mean over the R queries; then mean over the GQA group of each KV
+    head. ``[n_req, n_layers, Hkv, C]``; each row sums to 1.
+    """
+    if query_rows is not None:
+        queries = queries[query_rows]
+    n_req, n_layers, hq, r, d = queries.shape
+    k = gather_region(k_buf, slots).float()  # [n_req, n_layers, Hkv, C, D]
+    hkv = k.shape[2]
+    q = queries.float().reshape(n_req, n_layers, hkv, hq // hkv, r, d)
+    logits = torch.einsum("nlhgrd,nlhcd->nlhgrc", q, k) / (math.sqrt(d) * temperature)
+    return logits.softmax(dim=-1).mean(dim=-2).mean(dim=3)
+
+
+def smooth(probs: torch.Tensor, smoothing_kernel: int = 5) -> torch.Tensor:
+    """1-D average pool along the candidates (stride 1, zero "same" padding, as kvpress)."""
+    if smoothing_kernel <= 1:
+        return probs
+    flat = probs.reshape(-1, 1, probs.shape[-1])
+    flat = F.avg_pool1d(flat, kernel_size=smoothing_kernel, stride=1, padding=smoothing_kernel // 2)
+    return flat.reshape(probs.shape)
+
+
 def window_attention_score(
     queries: torch.Tensor,
     k_buf: torch.Tensor,
@@ -49,28 +83,20 @@ def window_attention_score(
     smoothing_kernel: int = 5,
     query_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """SnapKV-style importance of each candidate for the last R queries.
+    """SnapKV-style importance of each candidate for the last R queries: the window
+    attention (``window_attention_probs``), smoothed (``smooth``). Pooling is linear, so
+    this equals pooling each query head and then averaging over the group."""
+    return smooth(window_attention_probs(queries, k_buf, slots, temperature, query_rows), smoothing_kernel)
 
-    ``queries``: ``[n_req, n_layers, Hq, R, D]`` post-RoPE queries of the recent window;
-    with ``query_rows``, ``queries`` is the whole ring and request i reads row ``query_rows[i]``.
-    For each query head: logits ``q.k / (sqrt(D) T)`` over the candidates only, softmax
-    over the candidates, mean over the R queries, 1-D average pool (kernel 5, stride 1,
-    zero "same" padding, as kvpress), then mean over the GQA group of each KV head.
-    """
-    if query_rows is not None:
-        queries = queries[query_rows]
-    n_req, n_layers, hq, r, d = queries.shape
-    k = gather_region(k_buf, slots).float()  # [n_req, n_layers, Hkv, C, D]
-    hkv, c = k.shape[2], k.shape[3]
-    group = hq // hkv
-    q = queries.float().reshape(n_req, n_layers, hkv, group, r, d)
-    logits = torch.einsum("nlhgrd,nlhcd->nlhgrc", q, k) / (math.sqrt(d) * temperature)
-    probs = logits.softmax(dim=-1).mean(dim=-2)  # [n_req, n_layers, Hkv, group, C]
-    if smoothing_kernel > 1:
-        flat = probs.reshape(-1, 1, c)
-        flat = F.avg_pool1d(flat, kernel_size=smoothing_kernel, stride=1, padding=smoothing_kernel // 2)
-        probs = flat.reshape(n_req, n_layers, hkv, group, c)
-    return probs.mean(dim=3)
+
+def evicted_mass(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The attention a round takes away: ``probs [..., C]`` over the candidates, ``keep
+    [..., K]`` the region positions kept (those >= C are the recent window, no candidate)
+    -> ``[...]``: the row's mass minus the mass on the kept candidates."""
+    c = probs.shape[-1]
+    is_candidate = keep < c
+    kept = probs.float().gather(-1, keep.long().clamp_max(c - 1)).masked_fill(~is_candidate, 0.0)
+    return (probs.float().sum(-1) - kept.sum(-1)).clamp_min(0.0)
 
 
 def cur_score(k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, sketch: torch.Tensor) -> torch.Tensor:

@@ -8,9 +8,12 @@ tensor cores (bf16/fp16 operands, or TF32 for fp32 data, fp32 accumulation):
 1. ``_window_lse``: the log-sum-exp of each stacked query row's logits over all
    candidates (online softmax over candidate blocks).
 2. ``_window_probs``: per candidate block, ``exp(logit - lse)`` summed over the stacked
-   rows and divided by R: the per-head window means, summed over the group.
-3. ``_pool_group``: average pool along the slot axis (zero "same" padding, as kvpress's
-   SnapKV) and division by the group size: the mean over the group.
+   rows and divided by R * group: the window attention, averaged over the queries and the
+   query heads of the group (``window_attention_probs``, also read by the eviction
+   telemetry, ``evicted_mass.py``).
+3. ``_pool``: average pool along the slot axis (zero "same" padding, as kvpress's
+   SnapKV): the score (``window_attention_score``). Pooling is linear, so pooling the
+   group mean equals the mean of the pooled heads.
 
 The queries are read in place from the ring (``query_rows`` picks each request's row),
 so a round makes no copy of them.
@@ -117,12 +120,12 @@ def _window_probs(
     logits = _logits(q, k_ptr, slots_ptr, rl, h, offs_c, n_layers, C, D, scale,
                      s_kl, s_ks, s_kh, s_kd, s_sr, s_sc, BLOCK_D, DOT_PRECISION, DOT_FP32)
     p = tl.where((offs_m < rows)[:, None], tl.exp(logits - lse[:, None]), 0.0)
-    tl.store(out_ptr + (rl * n_hkv + h) * C + offs_c, tl.sum(p, axis=0) / R, mask=offs_c < C)
+    tl.store(out_ptr + (rl * n_hkv + h) * C + offs_c, tl.sum(p, axis=0) / rows, mask=offs_c < C)
 
 
-@triton.jit(do_not_specialize=["C", "group"])
-def _pool_group(
-    probs_ptr, out_ptr, C, group,
+@triton.jit(do_not_specialize=["C"])
+def _pool(
+    probs_ptr, out_ptr, C,
     KERNEL: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     rl = tl.program_id(0).to(tl.int64)
@@ -135,7 +138,7 @@ def _pool_group(
     for off in tl.static_range(KERNEL):
         idx = offs_c + (off - KERNEL // 2)
         acc += tl.load(base + idx, mask=(idx >= 0) & (idx < C), other=0.0)
-    tl.store(out_ptr + (rl * n_hkv + h) * C + offs_c, acc / (KERNEL * group), mask=offs_c < C)
+    tl.store(out_ptr + (rl * n_hkv + h) * C + offs_c, acc / KERNEL, mask=offs_c < C)
 
 
 def blocks(group: int, recent: int) -> tuple[int, int]:
@@ -146,18 +149,19 @@ def blocks(group: int, recent: int) -> tuple[int, int]:
 
 
 def workspace_bytes(n_req: int, n_layers: int, q_heads: int, kv_heads: int, recent: int, candidates: int) -> int:
-    """fp32 temporaries of one call: lse per stacked row, group sums and the pooled output."""
+    """fp32 temporaries of one call: lse per stacked row, the window attention and the pooled score."""
     return 4 * n_req * n_layers * (q_heads * recent + 2 * kv_heads * candidates)
 
 
-def window_attention_score(
+def window_attention_probs(
     queries: torch.Tensor,
     k_buf: torch.Tensor,
     slots: torch.Tensor,
     temperature: float = 1.0,
-    smoothing_kernel: int = 5,
     query_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """``[n_req, n_layers, Hkv, C]``: the window queries' softmax over the candidates, averaged
+    over the R queries and the query heads of each KV head's group (rows sum to 1)."""
     check_layout(k_buf, slots)
     _, n_layers, hq, r, d = queries.shape
     n_req, c = slots.shape
@@ -169,19 +173,40 @@ def window_attention_score(
     if rows.shape != (n_req,):
         raise ValueError(f"query_rows must be [{n_req}], got {tuple(rows.shape)}")
     group = hq // hkv
-    lse = torch.empty((n_req * n_layers, hkv, group * r), dtype=torch.float32, device=dev)
-    sums = torch.empty((n_req, n_layers, hkv, c), dtype=torch.float32, device=dev)
-    out = torch.empty((n_req, n_layers, hkv, c), dtype=torch.float32, device=dev)
+    probs = torch.empty((n_req, n_layers, hkv, c), dtype=torch.float32, device=dev)
     if n_req == 0:
-        return out
+        return probs
+    lse = torch.empty((n_req * n_layers, hkv, group * r), dtype=torch.float32, device=dev)
     scale = 1.0 / (math.sqrt(d) * temperature)
     block_m, block_c = blocks(group, r)
     blk = dict(BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_D=pow2(d), DOT_PRECISION=dot_precision(k_buf.dtype, dev),
                DOT_FP32=dot_in_fp32(dev))
     common = (n_layers, r, c, d, group, scale, *queries.stride(), *k_buf.stride(), *slots.stride())
     launch(_window_lse, (n_req * n_layers, hkv), queries, rows, k_buf, slots, lse, *common, **blk)
-    launch(_window_probs, (n_req * n_layers, hkv, triton.cdiv(c, block_c)), queries, rows, k_buf, slots, lse, sums,
+    launch(_window_probs, (n_req * n_layers, hkv, triton.cdiv(c, block_c)), queries, rows, k_buf, slots, lse, probs,
            *common, **blk)
-    launch(_pool_group, (n_req * n_layers, hkv, triton.cdiv(c, block_c)), sums, out, c, group,
+    return probs
+
+
+def smooth(probs: torch.Tensor, smoothing_kernel: int = 5) -> torch.Tensor:
+    """Average pool of ``[n_req, n_layers, Hkv, C]`` along C (zero "same" padding)."""
+    n_req, n_layers, hkv, c = probs.shape
+    out = torch.empty_like(probs)
+    if probs.numel() == 0:
+        return out
+    block_c = blocks(1, 1)[1]
+    launch(_pool, (n_req * n_layers, hkv, triton.cdiv(c, block_c)), probs.contiguous(), out, c,
            KERNEL=smoothing_kernel, BLOCK_C=block_c)
     return out
+
+
+def window_attention_score(
+    queries: torch.Tensor,
+    k_buf: torch.Tensor,
+    slots: torch.Tensor,
+    temperature: float = 1.0,
+    smoothing_kernel: int = 5,
+    query_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The smoothed window attention of each candidate (SnapKV's score)."""
+    return smooth(window_attention_probs(queries, k_buf, slots, temperature, query_rows), smoothing_kernel)

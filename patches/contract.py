@@ -48,6 +48,11 @@ class Req(Protocol):
     output_ids: Sequence[int]
     sampling_params: SamplingParams
     retraction_count: int
+    tokenizer: Any  # the scheduler's tokenizer (None with --skip-tokenizer-init)
+    finished_reason: Any  # a BaseFinishReason once finished
+    finished_len: int | None  # output tokens the request keeps when it finishes
+
+    def finished(self) -> bool: ...
 
 
 class TokenToKVPoolAllocator(Protocol):

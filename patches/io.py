@@ -14,8 +14,9 @@ Scheduler process:
 * ``Scheduler.get_output_streamer_class`` REPLACE: send ``kv_region_len``,
   ``kv_evicted_tokens``, ``kv_eviction_rounds``, ``kv_reprefilled_tokens`` (per
   retraction, the generated tokens re-prefilled, comma-separated), ``kv_policy`` (the
-  policy the request runs) and ``kv_policy_reason`` (why: the server's flag, the
-  request's field, or ``auto``'s calibration) with every output.
+  policy the request runs), ``kv_policy_reason`` (why: the server's flag, the
+  request's field, or ``auto``'s calibration) and, with ``--kv-telemetry on``, the
+  telemetry fields (``plugin.telemetry.TelemetryReport``) with every output.
 * ``SchedulerInternalStateController.get_internal_state`` AFTER: live totals, which
   ``/kv_policy`` reads through SGLang's own internal-state request.
 """
@@ -27,16 +28,19 @@ import logging
 import os
 from typing import Any
 
-from vase_sglang.plugin import scheduler
+from vase_sglang.plugin import scheduler, telemetry
 from vase_sglang.plugin.options import (
     VALIDATED_KEY,
     exported_auto,
     exported_config,
+    exported_telemetry,
     server_reason,
     stamp_validated,
+    stop_on_loop,
     validate_with_reason,
 )
 
+from . import openai_meta
 from .hooks import AFTER, AROUND, BEFORE, REPLACE, hook
 
 logger = logging.getLogger("vase_sglang.patches.io")
@@ -44,7 +48,8 @@ logger = logging.getLogger("vase_sglang.patches.io")
 # meta_info key of each field: kv_<field>
 COUNTER_FIELDS = tuple(f.name for f in dataclasses.fields(scheduler.RequestCounters))
 CHOICE_FIELDS = tuple(f.name for f in dataclasses.fields(scheduler.PolicyChoice))
-META_KEYS = (*(f"kv_{name}" for name in (*COUNTER_FIELDS, *CHOICE_FIELDS)), "kv_prefix_digests")
+TELEMETRY_FIELDS = (*telemetry.SIGNAL_FIELDS, *telemetry.ESTIMATE_FIELDS)
+META_KEYS = (*(f"kv_{name}" for name in (*COUNTER_FIELDS, *CHOICE_FIELDS, *TELEMETRY_FIELDS)), "kv_prefix_digests")
 
 
 @hook("sglang.srt.sampling.sampling_params.SamplingParams.verify", AFTER)
@@ -54,9 +59,10 @@ def _verify_custom_params(result: Any, params: Any, *args: Any, **kwargs: Any) -
         custom.pop(VALIDATED_KEY, None)  # only this hook writes it: a client's copy is not trusted
     if custom:
         # PolicyConfigError is a ValueError -> 400
-        cfg, seed, reason = validate_with_reason(exported_config(), custom, exported_auto())
+        server = exported_config()
+        cfg, seed, reason = validate_with_reason(server, custom, exported_auto())
         if isinstance(custom, dict) and any(str(k).startswith("kv_") for k in custom):
-            stamp_validated(custom, cfg, seed, reason)
+            stamp_validated(custom, cfg, seed, reason, stop_on_loop(custom, server))
 
 
 @hook("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", AROUND)
@@ -66,6 +72,9 @@ def _scalar_meta(original, manager: Any, meta_info: dict, *args: Any, **kwargs: 
         value = meta_info.get(key)
         if isinstance(value, list) and value:
             meta_info[key] = value[-1]
+    finish_reason = kwargs.get("finish_reason", args[3] if len(args) > 3 else None)
+    if finish_reason is not None:  # the request's last output: kept for the OpenAI routes' final chunk
+        openai_meta.remember(meta_info)
 
 
 def _meta_for(req: Any) -> scheduler.RequestCounters:
@@ -78,6 +87,18 @@ def _choice_for(req: Any) -> scheduler.PolicyChoice:
     if sched is not None:
         return sched.policy_choice(req)
     return scheduler.PolicyChoice(exported_config().policy, server_reason(exported_config(), exported_auto()))
+
+
+def _telemetry_fields(reqs: list) -> dict[str, list]:
+    """The telemetry meta_info fields of each request (none with --kv-telemetry off; the
+    KL estimate only with --kv-calibration)."""
+    sched = scheduler.current()
+    options = exported_telemetry()
+    if sched is None or not options.enabled:
+        return {}
+    names = telemetry.SIGNAL_FIELDS + (telemetry.ESTIMATE_FIELDS if options.estimator is not None else ())
+    reports = [sched.telemetry_report(r) for r in reqs]
+    return {f"kv_{name}": [[getattr(report, name)] for report in reports] for name in names}
 
 
 def _digests(req: Any) -> str:
@@ -97,6 +118,7 @@ def _streamer_class() -> type:
                                    ([_choice_for(r) for r in reqs], CHOICE_FIELDS)):
                 for name in names:
                     base[f"kv_{name}"] = [[getattr(record, name)] for record in records]
+            base.update(_telemetry_fields(reqs))
             if os.environ.get("VASE_SGLANG_DEBUG_DIGEST") == "1":
                 base["kv_prefix_digests"] = [[_digests(r)] for r in reqs]
             return base
@@ -132,11 +154,17 @@ async def kv_policy_route() -> dict[str, Any]:
         per_rank = [s.get("vase", {}) for s in states]
         counted = [r for r in per_rank if r.get("counted_in_totals", True)]  # one rank per TP group
         live = {k: sum(r.get(k) or 0 for r in counted) for k in ("eviction_rounds", "tokens_evicted")}
+        live["telemetry"] = telemetry.merge([(r.get("telemetry") or {}).get("by_config") or {} for r in counted])
         live["per_rank"] = per_rank
     auto = exported_auto()
     choice = None if auto is None else {"table": auto.to_dict(), "at_server_budget": auto.choose(cfg.budget).reason}
+    options = exported_telemetry()
+    settings = {"enabled": options.enabled, "stop_on_loop": options.stop_on_loop,
+                "kl_estimator": None if options.estimator is None else {
+                    "source": options.estimator.source, "statistic": options.estimator.statistic,
+                    "scope": "per (policy, budget)" if options.estimator.per_config else "model-wide"}}
     return {"policy": "auto" if auto is not None else cfg.policy, "config": cfg.to_dict(), "auto": choice,
-            "totals": live}
+            "telemetry": settings, "totals": live}
 
 
 def add_kv_policy_route() -> None:

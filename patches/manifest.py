@@ -94,6 +94,18 @@ MANIFEST: tuple[Target, ...] = (
            "add GET /kv_policy to the app",
            ("server_args", "init_tokenizer_manager_func", "run_scheduler_process_func",
             "run_detokenizer_process_func", "execute_warmup_func", "launch_callback")),
+    Target("sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._build_chat_response", AROUND, "main",
+           "non-streaming /v1/chat/completions: the choices' kv_* fields in the response's metadata.kv",
+           ("self", "request", "ret", "created")),
+    Target("sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._build_completion_response",
+           AROUND, "main", "non-streaming /v1/completions: the choices' kv_* fields in metadata.kv",
+           ("self", "request", "ret", "created")),
+    Target("sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._generate_chat_stream", AROUND, "main",
+           "streaming /v1/chat/completions: a last chunk before [DONE] with metadata.kv",
+           ("self", "adapted_request", "request", "raw_request")),
+    Target("sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._generate_completion_stream",
+           AROUND, "main", "streaming /v1/completions: a last chunk before [DONE] with metadata.kv",
+           ("self", "adapted_request", "request", "raw_request")),
     Target("sglang.srt.entrypoints.engine.Engine.server_args_class", SET, "main",
            "sglang.Engine(kv_policy=...): a factory that takes the kv_* keyword arguments",
            expect="class"),
@@ -157,6 +169,13 @@ MANIFEST: tuple[Target, ...] = (
     Target("sglang.srt.mem_cache.allocator.base.BaseTokenToKVPoolAllocator.max_new_tokens_for_memory", AROUND,
            "scheduler", "an evicting request needs prompt + B + R slots, not prompt + max_new_tokens",
            ("self", "input_tokens", "max_new_tokens", "token_capacity", "sliding_window_size", "chunk_size")),
+    # ---- scheduler: telemetry --------------------------------------------------------------
+    Target("sglang.srt.managers.schedule_batch.Req.update_finish_state", AFTER, "scheduler",
+           "feed each step's accepted tokens to the request's loop detector; end a looping request that stops "
+           "on loops", ("self", "new_accepted_len")),
+    Target("sglang.srt.managers.schedule_batch.BaseFinishReason", CALL, "scheduler",
+           "the base class of FINISH_LOOP, the finish reason of a request ended by kv_stop_on_loop",
+           expect="class"),
     # ---- scheduler: output -----------------------------------------------------------------
     Target("sglang.srt.managers.scheduler.Scheduler.get_output_streamer_class", REPLACE, "scheduler",
            "send kv_region_len, kv_evicted_tokens and kv_eviction_rounds with every output "

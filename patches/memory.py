@@ -23,7 +23,13 @@ import torch
 
 from vase_sglang.kernels import ops
 from vase_sglang.plugin import scheduler
-from vase_sglang.plugin.options import captures_queries, exported_auto, exported_config, exported_seed
+from vase_sglang.plugin.options import (
+    captures_queries,
+    exported_auto,
+    exported_config,
+    exported_seed,
+    exported_telemetry,
+)
 from vase_sglang.plugin.scheduler import MAX_ROUND_BATCH, VaseScheduler, policy_memory, stacked_view
 from vase_sglang.sharding import HeadShard, head_shard
 
@@ -74,7 +80,7 @@ def _reserve_policy_memory(original, configurator: sg.KVCacheConfigurator, *args
     # --kv-cache-dtype under a bf16 model doubles them. Every rank holds as many heads.
     memory = policy_memory(cfg, _shard(mc, server_args.tp_size, 0), mc.num_hidden_layers, mc.head_dim,
                            configurator.kv_cache_dtype.itemsize, (server_args.max_running_requests or 0) + 1,
-                           exported_auto())
+                           exported_auto(), exported_telemetry().enabled)
     logger.info("vase-sglang: reserving %.1f MiB for the query ring and %.1f MiB for round temporaries "
                 "(up to %d regions per launch) before the KV pool is sized", memory.ring_bytes / 2**20,
                 memory.workspace_bytes / 2**20, MAX_ROUND_BATCH)
@@ -121,8 +127,10 @@ def _build_runtime(result: Any, model_runner: sg.ModelRunner, *args: Any, **kwar
         fail(f"--kv-policy {cfg.policy}: the KV pool holds {kv_heads} heads per layer, the sharding gives "
              f"{shard.kv_heads} (attention TP {parallel.attn_tp_size})")
     auto = exported_auto()
+    telemetry = exported_telemetry()
     scheduler.install(VaseScheduler(cfg, exported_seed(), k_buf, v_buf, model_runner.req_to_token_pool, shard.q_heads,
-                                    capture_queries=captures_queries(cfg, auto), auto=auto,
+                                    capture_queries=captures_queries(cfg, auto, telemetry.enabled), auto=auto,
+                                    telemetry=telemetry,
                                     head_offset=shard.kv_head_offset,
                                     total_kv_heads=shard.total_kv_heads,
                                     # Each KV head's replicas and every TP rank run the same rounds:
@@ -133,7 +141,7 @@ def _build_runtime(result: Any, model_runner: sg.ModelRunner, *args: Any, **kwar
     if ops.resolve_backend(k_buf.device) == "triton":
         sched.warm_up()  # compile now, not in the middle of a decode step
     memory = policy_memory(cfg, shard, k_buf.shape[0], head_dim, k_buf.element_size(),
-                           model_runner.req_to_token_pool.size + 1, auto)
+                           model_runner.req_to_token_pool.size + 1, auto, telemetry.enabled)
     logger.info(
         "vase-sglang: policy %s, budget %d + recent %d slots per request, layer and KV head; "
         "query ring %d bytes per request x %d request slots = %.1f MiB, round temporaries %.1f MiB "

@@ -21,7 +21,15 @@ from typing import Any
 
 from vase_sglang.config import PolicyConfig, PolicyConfigError
 from vase_sglang.plugin.auto import AutoTable
-from vase_sglang.plugin.options import add_cli_flags, export_config, exported_config, server_options
+from vase_sglang.plugin.options import (
+    AUTO,
+    add_cli_flags,
+    export_config,
+    exported_config,
+    server_options,
+    telemetry_options,
+)
+from vase_sglang.plugin.telemetry import TelemetryOptions
 
 from . import contract as sg
 from .hooks import AFTER, AROUND, fail, hook, installs
@@ -33,7 +41,8 @@ SUPPORTED_KV_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32")
 # Query-ring rows are allocated per request slot; without a user value, cap the slots.
 DEFAULT_MAX_RUNNING_REQUESTS = 128
 POST_CAPTURE_KV_SIZING = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"
-ENGINE_KWARGS = ("kv_policy", "kv_budget", "kv_recent", "kv_seed", "kv_policy_config", "kv_calibration")
+ENGINE_KWARGS = ("kv_policy", "kv_budget", "kv_recent", "kv_seed", "kv_policy_config", "kv_calibration",
+                 "kv_telemetry", "kv_stop_on_loop")
 
 
 @hook("sglang.srt.arg_groups.arg_utils.add_cli_args_from_dataclass", AFTER)
@@ -123,27 +132,40 @@ def _adjust_for_policy(server_args: Any, cfg: PolicyConfig) -> None:
 
 
 def options_or_exit(flags: Mapping[str, Any], model_path: str | None) -> tuple[PolicyConfig, int | None,
-                                                                             AutoTable | None]:
-    """The server's policy, --kv-seed and auto table from the ``kv_*`` flag values (keyed
-    as ``ENGINE_KWARGS``); a bad one stops the process."""
+                                                                             AutoTable | None, TelemetryOptions]:
+    """The server's policy, --kv-seed, auto table and telemetry settings from the ``kv_*``
+    flag values (keyed as ``ENGINE_KWARGS``); a bad one stops the process."""
     try:
-        return server_options(flags.get("kv_policy"), flags.get("kv_budget"), flags.get("kv_recent"),
-                              flags.get("kv_seed"), flags.get("kv_policy_config"), flags.get("kv_calibration"),
-                              model_path)
+        return resolve_options(flags, model_path)
     except PolicyConfigError as exc:
         fail(str(exc))
         raise  # unreachable
+
+
+def resolve_options(flags: Mapping[str, Any], model_path: str | None) -> tuple[PolicyConfig, int | None,
+                                                                             AutoTable | None, TelemetryOptions]:
+    """``options_or_exit`` raising ``PolicyConfigError`` (``sgl.Runtime`` turns it into a ValueError)."""
+    calibration = flags.get("kv_calibration")
+    cfg, seed, auto = server_options(flags.get("kv_policy"), flags.get("kv_budget"), flags.get("kv_recent"),
+                                     flags.get("kv_seed"), flags.get("kv_policy_config"), calibration, model_path)
+    telemetry = telemetry_options(cfg, flags.get("kv_telemetry"), flags.get("kv_stop_on_loop"), calibration,
+                                  auto=flags.get("kv_policy") == AUTO)
+    return cfg, seed, auto, telemetry
 
 
 @hook("sglang.srt.server_args.prepare_server_args", AROUND)
 def _prepare_server_args(original, argv: list[str], *args: Any, **kwargs: Any) -> Any:
     ns = _parse_flags(list(argv))
     server_args = original(argv, *args, **kwargs)
-    cfg, seed, auto = options_or_exit(vars(ns), getattr(server_args, "model_path", None))
-    export_config(cfg, seed, auto)
+    cfg, seed, auto, telemetry = options_or_exit(vars(ns), getattr(server_args, "model_path", None))
+    export_config(cfg, seed, auto, telemetry)
     _adjust_for_policy(server_args, cfg)
     if cfg.evicts:
         logger.info("vase-sglang: KV policy %s, --kv-seed %s", cfg.to_dict(), "per request" if seed is None else seed)
+        est = telemetry.estimator
+        logger.info("vase-sglang: --kv-telemetry %s, --kv-stop-on-loop %s%s", "on" if telemetry.enabled else "off",
+                    telemetry.stop_on_loop, f", kv_estimated_kl from {est.source} ({est.statistic}, "
+                    f"{'per (policy, budget)' if est.per_config else 'model-wide'} mappings)" if est else "")
     if auto is not None:
         logger.info("vase-sglang: --kv-policy auto from %s: %s; at --kv-budget %d: %s", auto.source,
                     {b: c.get("label") or c["policy"] for b, c in sorted(auto.by_budget.items())} or "built-in",
@@ -169,9 +191,9 @@ def engine_server_args(server_args_class: type):
 
     def factory(**kwargs: Any) -> Any:
         flags = {name: kwargs.pop(name, None) for name in ENGINE_KWARGS}
-        cfg, seed, auto = options_or_exit(flags, kwargs.get("model_path"))
+        cfg, seed, auto, telemetry = options_or_exit(flags, kwargs.get("model_path"))
         server_args = server_args_class(**kwargs)
-        export_config(cfg, seed, auto)
+        export_config(cfg, seed, auto, telemetry)
         _adjust_for_policy(server_args, cfg)
         return server_args
 

@@ -134,10 +134,26 @@ class Regions:
 
 @dataclass
 class Scores:
-    """What a policy's ``score`` returns: ``[n_req, n_layers, H, C]`` float32 tensors."""
+    """What a policy's ``score`` returns: ``[n_req, n_layers, H, C]`` float32 tensors.
+
+    ``attention``: the window attention the score was built from (``ops.window_attention_probs``
+    at temperature 1), when it was; the telemetry reuses it instead of computing it again.
+    """
 
     fill: torch.Tensor
     reserve: torch.Tensor | None = None
+    attention: torch.Tensor | None = None
+
+
+@dataclass
+class Selection:
+    """One round's decision: ``keep`` ``[n_req, n_layers, H, budget]`` region positions in
+    storage order, and, when measured, ``evicted_attention`` ``[n_req, n_layers, H]``: the
+    share of the window queries' attention over the candidates that falls on the candidates
+    not kept (docs/telemetry.md)."""
+
+    keep: torch.Tensor
+    evicted_attention: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -175,10 +191,11 @@ class Policy:
     def score(self, regions: Regions) -> Scores:
         raise NotImplementedError
 
-    def workspace_bytes(self, shape: RoundShape) -> int:
+    def workspace_bytes(self, shape: RoundShape, measure: bool = False) -> int:
         """Peak bytes of device temporaries of one round over ``shape.n_req`` regions, on
-        the Triton path: scores, noise, the selection and the compaction scratch. The
-        server reserves this before it sizes the KV pool."""
+        the Triton path: scores, noise, the selection and the compaction scratch, and with
+        ``measure`` the telemetry's window attention. The server reserves this before it
+        sizes the KV pool."""
         from .kernels import compact, window_attention
 
         cfg = self.config
@@ -192,9 +209,11 @@ class Policy:
         total += self.score_maps * one_map
         if self.stochastic:  # drawn per global head, sliced, then stacked
             total += one_map * (1 + (shape.total_kv_heads or shape.kv_heads) // shape.kv_heads)
-        if self.needs_queries:
+        if self.needs_queries or measure:
             total += window_attention.workspace_bytes(shape.n_req, shape.n_layers, shape.q_heads, shape.kv_heads,
                                                       cfg.recent, cfg.budget)
+        if measure:
+            total += 4 * shape.n_req * shape.n_layers * shape.kv_heads  # the evicted mass per head
         return total
 
     # -- shared machinery -----------------------------------------------------------
@@ -218,17 +237,17 @@ class Policy:
             per_req.append(e[:, lo : lo + heads].clamp_min(torch.finfo(torch.float32).tiny))
         return torch.stack(per_req)
 
-    def _check(self, regions: Regions) -> None:
+    def _check(self, regions: Regions, measure: bool = False) -> None:
         cfg = self.config
         if regions.slots.shape[1] < cfg.region_size:
             raise ValueError(
                 f"{self.name}: region has {regions.slots.shape[1]} positions, "
                 f"expected at least budget + recent = {cfg.region_size}"
             )
-        if self.needs_queries:
+        if self.needs_queries or measure:
             q = regions.queries
             if q is None:
-                raise ValueError(f"{self.name} needs the window queries")
+                raise ValueError(f"{self.name} needs the window queries" + (" to measure" if measure else ""))
             rows = regions.query_rows
             n_q = rows.shape[0] if rows is not None else q.shape[0]
             if n_q != regions.n_req or q.shape[1] != regions.n_layers or q.shape[3] != cfg.recent:
@@ -237,7 +256,21 @@ class Policy:
 
     def select(self, regions: Regions) -> torch.Tensor:
         """``[n_req, n_layers, H, budget]`` region positions to keep, in storage order."""
-        self._check(regions)
+        return self.selection(regions).keep
+
+    def selection(self, regions: Regions, measure: bool = False) -> Selection:
+        """What to keep, and with ``measure`` what the round takes away (needs the window
+        queries, whatever the policy scores with)."""
+        self._check(regions, measure)
+        keep, attention = self._keep(regions)
+        if not measure:
+            return Selection(keep)
+        if attention is None:
+            attention = self.window_probs(regions, temperature=1.0)
+        return Selection(keep, ops.evicted_mass(attention, keep, backend=self.backend))
+
+    def _keep(self, regions: Regions) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The kept positions, and the window attention the scores read (None if they read none)."""
         cfg = self.config
         scores = self.score(regions)
         n_large = cfg.large if scores.reserve is not None else 0
@@ -248,21 +281,27 @@ class Policy:
             counts = ops.outlier_count(scores.reserve, cfg.sinks, cfg.outlier_factor, n_large, backend=self.backend)
         kept = ops.select(scores.fill, cfg.sinks, n_large, n_fill, scores.reserve, noise, counts,
                           backend=self.backend)
-        return torch.cat([kept, self._recent(regions)], dim=-1)
+        return torch.cat([kept, self._recent(regions)], dim=-1), scores.attention
 
     def _recent(self, regions: Regions) -> torch.Tensor:
         c = regions.n_candidates(self.config.recent)
         recent = torch.arange(c, c + self.config.recent, device=regions.device)
         return recent.expand(regions.n_req, regions.n_layers, regions.n_heads, -1)
 
-    def window_attention(self, regions: Regions) -> torch.Tensor:
-        cfg = self.config
+    def window_probs(self, regions: Regions, temperature: float) -> torch.Tensor:
+        """The window queries' attention over the candidates, ``[n_req, n_layers, H, C]``."""
         if regions.queries is None:
             raise ValueError(f"{self.name} needs the window queries")
-        return ops.window_attention_score(
-            regions.queries, regions.k_buf, regions.candidates(cfg.recent),
-            cfg.temperature, cfg.smoothing_kernel, query_rows=regions.query_rows, backend=self.backend,
-        )
+        return ops.window_attention_probs(regions.queries, regions.k_buf, regions.candidates(self.config.recent),
+                                          temperature, query_rows=regions.query_rows, backend=self.backend)
+
+    def window_attention(self, regions: Regions) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """SnapKV's smoothed score, and the window attention at temperature 1 when the score
+        was built from it (the telemetry's input; None at another temperature)."""
+        cfg = self.config
+        probs = self.window_probs(regions, cfg.temperature)
+        score = ops.smooth(probs, cfg.smoothing_kernel, backend=self.backend)
+        return score, probs if cfg.temperature == 1.0 else None
 
 
 class VaSEAttnV(Policy):
@@ -273,16 +312,17 @@ class VaSEAttnV(Policy):
     stochastic = True
     score_maps = 1  # the value statistic (window attention is counted by needs_queries)
 
-    def workspace_bytes(self, shape: RoundShape) -> int:
+    def workspace_bytes(self, shape: RoundShape, measure: bool = False) -> int:
         cfg = self.config
         # With outlier_factor, the median's sorted copy of the statistic: fp32 values and int64 indices.
         median = 3 * shape.score_map_bytes(cfg) if cfg.outlier_factor is not None and cfg.large else 0
-        return super().workspace_bytes(shape) + median
+        return super().workspace_bytes(shape, measure) + median
 
     def score(self, regions: Regions) -> Scores:
         reserve = ops.value_stat(regions.v_buf, regions.candidates(self.config.recent), self.config.value_stat,
                                  backend=self.backend)
-        return Scores(fill=self.window_attention(regions), reserve=reserve)
+        score, attention = self.window_attention(regions)
+        return Scores(fill=score, reserve=reserve, attention=attention)
 
 
 class SnapKV(Policy):
@@ -292,7 +332,8 @@ class SnapKV(Policy):
     needs_queries = True
 
     def score(self, regions: Regions) -> Scores:
-        return Scores(fill=self.window_attention(regions))
+        score, attention = self.window_attention(regions)
+        return Scores(fill=score, attention=attention)
 
 
 class RKV(Policy):
@@ -305,15 +346,16 @@ class RKV(Policy):
     # fp32; counted in workspace_bytes), then three score maps.
     score_maps = 3
 
-    def workspace_bytes(self, shape: RoundShape) -> int:
+    def workspace_bytes(self, shape: RoundShape, measure: bool = False) -> int:
         gathered = 0 if shape.itemsize == 4 else shape.itemsize  # bytes per element beside the fp32 copy
         keys = shape.head_dim * shape.score_map_bytes(self.config) * (4 + gathered) // 4
-        return super().workspace_bytes(shape) + keys
+        return super().workspace_bytes(shape, measure) + keys
 
     def score(self, regions: Regions) -> Scores:
         lam = self.config.rkv_lambda
         red = ops.key_redundancy(regions.k_buf, regions.candidates(self.config.recent), backend=self.backend)
-        return Scores(fill=lam * self.window_attention(regions) - (1.0 - lam) * red)
+        score, attention = self.window_attention(regions)
+        return Scores(fill=lam * score - (1.0 - lam) * red, attention=attention)
 
 
 class CurDKV(Policy):
@@ -323,9 +365,9 @@ class CurDKV(Policy):
     resample_sketch: ClassVar[bool] = False
     score_maps = 2  # the leverage and its normalised copy
 
-    def workspace_bytes(self, shape: RoundShape) -> int:
+    def workspace_bytes(self, shape: RoundShape, measure: bool = False) -> int:
         sketch = 4 * shape.n_req * shape.n_layers * shape.head_dim * self.config.sketch_rank
-        return super().workspace_bytes(shape) + sketch
+        return super().workspace_bytes(shape, measure) + sketch
 
     def sketch(self, regions: Regions) -> torch.Tensor:
         d, rank = regions.k_buf.shape[-1], self.config.sketch_rank
@@ -366,15 +408,14 @@ class StreamingLLM(Policy):
 
     name = "streamingllm"
 
-    def select(self, regions: Regions) -> torch.Tensor:
-        self._check(regions)
+    def _keep(self, regions: Regions) -> tuple[torch.Tensor, None]:
         cfg = self.config
         length = regions.slots.shape[1]
         keep = torch.cat([
             torch.arange(cfg.sinks, device=regions.device),
             torch.arange(length - (cfg.budget - cfg.sinks), length, device=regions.device),
         ])
-        return keep.expand(regions.n_req, regions.n_layers, regions.n_heads, -1)
+        return keep.expand(regions.n_req, regions.n_layers, regions.n_heads, -1), None
 
 
 class FullCache(Policy):
@@ -383,7 +424,7 @@ class FullCache(Policy):
     name = "none"
     evicts = False
 
-    def select(self, regions: Regions) -> torch.Tensor:
+    def selection(self, regions: Regions, measure: bool = False) -> Selection:
         raise RuntimeError("policy 'none' keeps the full cache and never selects")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from support.constants import ADMISSION_POOL, LOAD_POOL, VASE_ARGS
 from support.server import start_server
+from support.telemetry import write_tiny_calibration
 
 # Each server configuration is used by one test module only and lives for that module:
 # started once per test run, and stopped before the next module's servers start, so
@@ -43,3 +44,11 @@ def admission_server(request, tiny_model, server_dir):
 def load_server(request, tiny_model, server_dir):
     return start_server(request, "load", tiny_model, server_dir, *VASE_ARGS, "--decode-log-interval", "10",
                         max_total_tokens=LOAD_POOL)
+
+
+@pytest.fixture(scope="module")
+def telemetry_server(request, tiny_model, server_dir):
+    """vase with a calibration's KL mappings, the planted-loop logit processor allowed, metrics on."""
+    calibration = write_tiny_calibration(server_dir / "tiny-calibration.json", tiny_model)
+    return start_server(request, "telemetry", tiny_model, server_dir, *VASE_ARGS, "--kv-calibration",
+                        str(calibration), "--enable-custom-logit-processor", "--enable-metrics")

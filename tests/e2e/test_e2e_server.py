@@ -24,7 +24,8 @@ pytestmark = pytest.mark.e2e
 def test_help_lists_kv_flags() -> None:
     out = launch("--help")
     assert out.returncode == 0, out.stderr[-2000:]
-    for flag in ("--kv-policy", "--kv-budget", "--kv-recent", "--kv-seed", "--kv-policy-config", "--kv-calibration"):
+    for flag in ("--kv-policy", "--kv-budget", "--kv-recent", "--kv-seed", "--kv-policy-config", "--kv-calibration",
+                 "--kv-telemetry", "--kv-stop-on-loop"):
         assert flag in out.stdout
 
 
@@ -38,6 +39,7 @@ def test_help_lists_kv_flags() -> None:
          "invalid --kv-policy-config field 'n_large'"),
         (("--kv-policy", "vase", "--enable-mixed-chunk", "--attention-backend", "torch_native"),
          "--kv-policy vase cannot run with: --enable-mixed-chunk"),
+        (("--kv-policy", "vase", "--kv-telemetry", "maybe"), "argument --kv-telemetry: invalid choice: 'maybe'"),
     ],
 )
 def test_bad_flags_exit_nonzero_with_a_clear_message(args: tuple, message: str, tiny_model) -> None:

@@ -178,3 +178,49 @@ def test_backend_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
         ops.resolve_backend(torch.device("cpu"), "triton")
     with pytest.raises(ValueError, match="VASE_KERNEL_BACKEND"):
         ops.resolve_backend(torch.device("cpu"), "cuda")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_window_attention_probs_rows_sum_to_one(shape: tuple) -> None:
+    cfg, r = _regions(shape)
+    cand = r.candidates(cfg.recent)
+    got = ops.window_attention_probs(r.queries, r.k_buf, cand, backend="triton")
+    _close(got, reference.window_attention_probs(r.queries, r.k_buf, cand), DOT_RTOL, DOT_ATOL)
+    torch.testing.assert_close(got.sum(-1), torch.ones_like(got.sum(-1)), rtol=1e-5, atol=1e-5)
+    # Smoothing the window attention is SnapKV's score, on both backends.
+    _close(ops.smooth(got, 5, backend="triton"), reference.window_attention_score(r.queries, r.k_buf, cand),
+           DOT_RTOL, DOT_ATOL)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_evicted_mass_is_the_attention_on_the_candidates_not_kept(shape: tuple) -> None:
+    cfg, r = _regions(shape)
+    cand = r.candidates(cfg.recent)
+    probs = ops.window_attention_probs(r.queries, r.k_buf, cand, backend="torch")
+    keep = make_keep(cfg, r)
+    got = ops.evicted_mass(probs, keep, backend="triton")
+    want = reference.evicted_mass(probs, keep)
+    _close(got, want)
+    # Brute force: the mass on every candidate position that keep does not name.
+    c = cand.shape[1]
+    kept = torch.zeros((*probs.shape[:-1], c + 1), dtype=torch.bool, device=probs.device)
+    kept.scatter_(-1, keep.clamp_max(c), True)  # every recent position (>= c) lands in the extra column
+    _close(got, (probs * ~kept[..., :c]).sum(-1))
+    assert bool(((got >= 0) & (got <= 1 + 1e-6)).all())
+
+
+def make_keep(cfg: PolicyConfig, r) -> torch.Tensor:
+    """A policy's kept positions on these regions: sinks, a random fill, the recent window."""
+    from vase_sglang.policies import make_policy
+
+    return make_policy(cfg.replace(policy="random"), backend="torch").select(r)
+
+
+def test_evicted_mass_of_nothing_kept_is_the_whole_row_and_of_everything_is_zero() -> None:
+    probs = torch.softmax(torch.randn(2, 3, 700, generator=torch.Generator().manual_seed(1)), -1).to(DEVICE)
+    all_kept = torch.arange(700, device=DEVICE).expand(2, 3, -1)
+    only_recent = torch.arange(700, 720, device=DEVICE).expand(2, 3, -1)
+    for backend in ("torch", "triton"):
+        assert float(ops.evicted_mass(probs, all_kept, backend=backend).abs().max()) < 1e-5
+        torch.testing.assert_close(ops.evicted_mass(probs, only_recent, backend=backend),
+                                   torch.ones(2, 3, device=DEVICE), rtol=1e-5, atol=1e-5)

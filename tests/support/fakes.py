@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from vase_sglang.config import PolicyConfig
-from vase_sglang.plugin.options import stamp_validated, validate_request
+from vase_sglang.plugin.options import stamp_validated, stop_on_loop, validate_request
 from vase_sglang.plugin.scheduler import VaseScheduler, stacked_view
 
 CFG = PolicyConfig(policy="vase", budget=16, recent=4, sinks=2)
@@ -37,13 +37,19 @@ class FakeReq:
                  sampling_seed: int | None = None):
         if custom:  # what SamplingParams.verify leaves for the scheduler
             cfg, seed = validate_request(CFG, custom)
-            stamp_validated(custom, cfg, seed)
+            stamp_validated(custom, cfg, seed, "", stop_on_loop(custom, CFG))
         self.rid = rid
         self.sampling_params = FakeParams(custom, sampling_seed)
         self.kv = FakeKV(row, prompt, prompt, prompt)
         self.origin_input_ids = list(range(prompt))
         self.output_ids: list[int] = []
         self.retraction_count = 0
+        self.tokenizer: Any = None
+        self.finished_reason: Any = None
+        self.finished_len: int | None = None
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
 
 
 class FakePool:

@@ -93,8 +93,14 @@ def test_a_calibration_of_another_model_is_refused_at_start_up(tmp_path) -> None
     assert auto is not None and auto.by_budget.keys() == {64, 128, 256}
     with pytest.raises(PolicyConfigError, match="measured with recent 32; start with --kv-recent 32"):
         server_options("auto", 256, 64, None, None, path, model_dir(tmp_path, CONFIG))
-    with pytest.raises(PolicyConfigError, match="read only with --kv-policy auto"):
-        server_options("vase", 256, None, None, None, path, model_dir(tmp_path, CONFIG))
+    # Another evicting policy reads the file for its KL mappings: checked the same way.
+    (tmp_path / "other").mkdir()
+    with pytest.raises(PolicyConfigError, match="measured on another model"):
+        server_options("vase", 256, None, None, None, path, model_dir(tmp_path / "other", {**CONFIG, "vocab_size": 7}))
+    cfg, _, auto = server_options("vase", 256, None, None, None, path, model_dir(tmp_path, CONFIG))
+    assert (cfg.policy, cfg.recent, auto) == ("vase", 32, None)
+    with pytest.raises(PolicyConfigError, match="start with an evicting --kv-policy"):
+        server_options("none", None, None, None, None, path, model_dir(tmp_path, CONFIG))
 
 
 def test_auto_without_a_file_serves_the_builtin_choice() -> None:

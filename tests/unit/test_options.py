@@ -29,7 +29,8 @@ def test_flags_parse_and_show_in_help(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit):
         parser.parse_args(["--help"])
     out = capsys.readouterr().out
-    for flag in ("--kv-policy", "--kv-budget", "--kv-recent", "--kv-seed", "--kv-policy-config"):
+    for flag in ("--kv-policy", "--kv-budget", "--kv-recent", "--kv-seed", "--kv-policy-config", "--kv-telemetry",
+                 "--kv-stop-on-loop", "--kv-calibration"):
         assert flag in out
     with pytest.raises(SystemExit):
         parser.parse_args(["--kv-policy", "bogus"])
@@ -109,8 +110,14 @@ def test_bad_request_fields(params: dict, field: str, needle: str) -> None:
     assert needle in str(err.value) and field in str(err.value)
 
 
-def test_request_policy_needing_queries_on_a_server_without_them() -> None:
+def test_request_policy_needing_queries_on_a_server_without_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vase_sglang.plugin.telemetry import TelemetryOptions
+
     server = PolicyConfig(policy="vase-dkv", budget=256, recent=32)
+    monkeypatch.setenv("VASE_SGLANG_CONFIG", "")
+    export_config(server)  # telemetry on: every evicting server records the window queries
+    assert request_config(server, {"kv_policy": "vase"}).policy == "vase"
+    export_config(server, telemetry=TelemetryOptions(enabled=False))
     with pytest.raises(PolicyConfigError, match="needs attention queries"):
         request_config(server, {"kv_policy": "vase"})
     with pytest.raises(PolicyConfigError, match="--kv-policy none"):

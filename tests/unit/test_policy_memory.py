@@ -1,6 +1,6 @@
 """The memory an evicting server reserves before SGLang sizes its KV pool: the query ring and
 one batched round's temporaries, in the dtype the pool stores (what the ring and the scratch
-are allocated in), not the model's."""
+are allocated in), not the model's, with the telemetry's share when it is on."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from vase_sglang.config import PolicyConfig
 from vase_sglang.patches import memory
 from vase_sglang.plugin.options import export_config
 from vase_sglang.plugin.scheduler import query_ring_bytes_per_request, round_workspace_bytes
+from vase_sglang.plugin.telemetry import TelemetryOptions
 from vase_sglang.policies import RoundShape
 
 VASE = PolicyConfig(policy="vase", budget=256, recent=64)
@@ -37,12 +38,12 @@ def server(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(runtime_context, "get_context", lambda: SimpleNamespace(server_args=args))
 
 
-def _expected(itemsize: int) -> int:
+def _expected(itemsize: int, cfg: PolicyConfig = VASE, measure: bool = True) -> int:
     rows = RUNNING + 1
-    ring = rows * query_ring_bytes_per_request(VASE, LAYERS, Q_HEADS, HEAD_DIM, itemsize)
-    return ring + round_workspace_bytes(VASE, RoundShape(n_req=rows, n_layers=LAYERS, q_heads=Q_HEADS,
-                                                         kv_heads=KV_HEADS, head_dim=HEAD_DIM, itemsize=itemsize,
-                                                         total_kv_heads=KV_HEADS))
+    ring = rows * query_ring_bytes_per_request(cfg, LAYERS, Q_HEADS, HEAD_DIM, itemsize, measure=measure)
+    return ring + round_workspace_bytes(cfg, RoundShape(n_req=rows, n_layers=LAYERS, q_heads=Q_HEADS,
+                                                        kv_heads=KV_HEADS, head_dim=HEAD_DIM, itemsize=itemsize,
+                                                        total_kv_heads=KV_HEADS), measure=measure)
 
 
 def _reserved(kv_dtype: torch.dtype) -> int:
@@ -58,3 +59,12 @@ def test_reserve_is_sized_in_the_kv_pool_dtype(server, kv_dtype: torch.dtype) ->
 def test_an_fp32_kv_cache_under_a_bf16_model_is_not_reserved_as_bf16(server) -> None:
     assert _expected(4) != _expected(2)  # the shape tells the two apart
     assert _reserved(torch.float32) == _expected(4)
+
+
+def test_the_telemetry_reserves_a_query_ring_for_a_policy_that_reads_no_queries(server) -> None:
+    curdkv = VASE.replace(policy="curdkv")
+    export_config(curdkv)  # --kv-telemetry on (the default)
+    assert _reserved(torch.bfloat16) == _expected(2, curdkv) > _expected(2, curdkv, measure=False)
+    assert query_ring_bytes_per_request(curdkv, LAYERS, Q_HEADS, HEAD_DIM, 2) == 0
+    export_config(curdkv, telemetry=TelemetryOptions(enabled=False))
+    assert _reserved(torch.bfloat16) == _expected(2, curdkv, measure=False)

@@ -11,9 +11,12 @@
 3. Per budget: means with 95 % bootstrap intervals over prompts, the paired difference of
    each policy to the best, the recommendation and whether its lead is beyond the interval;
    the smallest budget whose KL is at most ``--target-kl``.
+4. Telemetry: each request's evicted attention (what the server reports online) beside its
+   KL, their rank correlation, and the signal -> KL mappings a server with
+   ``--kv-calibration`` applies to report ``kv_estimated_kl`` (``telemetry_fit``).
 
-Writes ``calibration.json`` (resumable, and what ``--kv-policy auto --kv-calibration``
-reads), ``calibration.md`` and ``calibration.png`` in ``--out``.
+Writes ``calibration.json`` (resumable, and what ``--kv-calibration`` reads),
+``calibration.md``, ``calibration.png`` and ``telemetry.png`` in ``--out``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 
 import torch
 
-from vase_sglang.calibrate import analysis
+from vase_sglang.calibrate import analysis, telemetry_fit
 from vase_sglang.calibrate.analysis import CANDIDATES, STOCHASTIC
 from vase_sglang.cli import OneLineParser, positive_int
 from vase_sglang.config import PolicyConfig, PolicyConfigError
@@ -281,11 +284,12 @@ def main(argv: list[str] | None = None) -> int:
             flat = [s for group in specs.values() for s in group]
             out = teacher_forced(decoder, reference, flat, args.recent, progress=False, ends=ends,
                                  row_seeds=lambda s: [mix_seed(s.seed, row, _ROW_SEED_STREAM) for row in range(n_rows)],
-                                 on_chunk=lambda arms: bar.update(arms * t_chunk * scale))
+                                 on_chunk=lambda arms: bar.update(arms * t_chunk * scale), measure=True)
             cal.setdefault("raw", {})[str(b)] = {
                 "full": {"per_request": out["full"]["per_request"]},
                 **{name: {"seeds": [out[s.label]["per_request"] for s in group],
-                          "rounds": [out[s.label]["rounds"] for s in group]} for name, group in specs.items()}}
+                          "rounds": [out[s.label]["rounds"] for s in group],
+                          "signals": [out[s.label]["signals"] for s in group]} for name, group in specs.items()}}
             write_json(cal_path, cal)
     finish(cal, args, cal_path, ends)
     return 0
@@ -303,16 +307,25 @@ def finish(cal: dict[str, Any], args, cal_path: Path, ends: list[int]) -> None:
     cal["budgets"] = {str(b): a for b, a in sorted(per_budget.items())}
     cal["recommendation"] = analysis.recommendation(per_budget)
     cal["smallest_budget_within_target"] = analysis.smallest_within(per_budget, args.target_kl)
+    telemetry = telemetry_fit.analyse(cal, {name: CANDIDATES[name] for name in args.policies})
+    if telemetry is not None:
+        cal["telemetry"] = telemetry
+    else:
+        cal.pop("telemetry", None)
+        log.warning("no per-round signals in %s (written before the telemetry existed): no KL mapping", cal_path)
     write_json(cal_path, cal)
-    md = analysis.markdown(cal)
+    md = analysis.markdown(cal) + ("\n" + telemetry_fit.markdown(telemetry) if telemetry is not None else "")
     (args.out / "calibration.md").write_text(md)
     analysis.plot(cal, args.out / "calibration.png")
+    if telemetry is not None:
+        telemetry_fit.plot(telemetry, args.out / "telemetry.png")
     print(md)
     for b, a in sorted(per_budget.items()):
         print(f"B={b}: recommended {a['recommended']} "
               f"({'lead beyond the interval' if a['lead_beyond_interval'] else 'lead within the interval'})")
-    print(f"wrote {cal_path} (serve it: --kv-policy auto --kv-calibration {cal_path}), "
-          f"{args.out / 'calibration.md'}, {args.out / 'calibration.png'}")
+    print(f"wrote {cal_path} (serve it: --kv-policy auto --kv-calibration {cal_path}, or with any evicting "
+          f"--kv-policy for kv_estimated_kl), {args.out / 'calibration.md'}, {args.out / 'calibration.png'}"
+          + (f", {args.out / 'telemetry.png'}" if telemetry is not None else ""))
 
 
 if __name__ == "__main__":

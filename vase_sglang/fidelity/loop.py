@@ -106,11 +106,15 @@ class Arm:
     fed: int = 0  # generated tokens fed so far (logical position offset)
     rounds: int = 0
     window: int = 0  # queries kept by a full-cache arm (for forking)
+    # Measure each round's evicted attention, as a server with --kv-telemetry on does.
+    measure: bool = False
+    # Per round: (output tokens when it ran, [N] signal: mean over layers and KV heads).
+    signals: list[tuple[int, list[float]]] = field(default_factory=list)
 
     @property
     def query_window(self) -> int:
         if self.policy is not None:
-            return self.policy.config.recent if self.policy.needs_queries else 0
+            return self.policy.config.recent if self.policy.needs_queries or self.measure else 0
         return self.window
 
 
@@ -185,18 +189,20 @@ class BatchedDecoder:
 
     # ---- arms ---------------------------------------------------------------------
     def new_arm(self, name: str, policy: Policy | None, seed: int = 0, max_tokens: int = 1024,
-                window: int = 0, row_seeds: list[int] | None = None) -> Arm:
+                window: int = 0, row_seeds: list[int] | None = None, measure: bool = False) -> Arm:
         """An arm whose buffers hold the prompt and room for its region (B + R, or every token).
 
         ``window``: a full-cache arm that also keeps its last ``window`` queries, so that
-        evicting arms can be forked from it (``fork``).
+        evicting arms can be forked from it (``fork``). ``measure``: record each round's
+        evicted attention in ``arm.signals``.
         """
         p = self._require_prompt()
         capacity = policy.config.region_size if policy is not None else max_tokens
         n = p.lengths.shape[0]
         if row_seeds is not None and len(row_seeds) != n:
             raise ValueError(f"{name}: {len(row_seeds)} row seeds for {n} requests")
-        arm = Arm(name=name, policy=policy, seed=seed, capacity=capacity, window=window, row_seeds=row_seeds)
+        arm = Arm(name=name, policy=policy, seed=seed, capacity=capacity, window=window, row_seeds=row_seeds,
+                  measure=measure and policy is not None)
         for li in range(self.n_layers):
             for src, dst in ((p.keys[li], arm.keys), (p.values[li], arm.values)):
                 buf = torch.empty((n, self.hkv, p.width + capacity, self.head_dim), device=self.device)
@@ -237,11 +243,15 @@ class BatchedDecoder:
         p0, length = self._require_prompt().width, arm.region_len
         keys = torch.stack([k[:, :, p0 : p0 + length] for k in arm.keys], dim=1)  # [N, layers, H, L, D]
         values = torch.stack([v[:, :, p0 : p0 + length] for v in arm.values], dim=1)
-        queries = torch.stack(arm.window_q, dim=1) if policy.needs_queries else None
+        queries = torch.stack(arm.window_q, dim=1) if arm.query_window else None
         n = keys.shape[0]
         seeds = arm.row_seeds if arm.row_seeds is not None else [arm.seed] * n
         regions = Regions.from_dense(keys, values, queries, seeds=seeds, rounds=[arm.rounds] * n)
-        keep = policy.select(regions)  # [N, layers, H, B]
+        selection = policy.selection(regions, measure=arm.measure)
+        keep = selection.keep  # [N, layers, H, B]
+        if selection.evicted_attention is not None:
+            # The round runs before output token fed + 1 is fed: the server's len(output_ids).
+            arm.signals.append((arm.fed + 1, selection.evicted_attention.mean(dim=(1, 2)).tolist()))
         idx = keep[..., None].expand(-1, -1, -1, -1, self.head_dim)
         kept_k, kept_v = torch.gather(keys, 3, idx), torch.gather(values, 3, idx)
         b = keep.shape[-1]

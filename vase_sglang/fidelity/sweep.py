@@ -72,7 +72,7 @@ def sweep_arms(budgets: list[int], seeds: list[int], pilot_budget: int | None, p
 def teacher_forced(decoder: BatchedDecoder, reference: torch.Tensor, specs: list[ArmSpec], recent: int,
                    progress: bool = True, ends: list[int] | None = None,
                    row_seeds: Callable[[ArmSpec], list[int]] | None = None,
-                   on_chunk: Callable[[int], None] | None = None) -> dict[str, dict]:
+                   on_chunk: Callable[[int], None] | None = None, measure: bool = False) -> dict[str, dict]:
     """Feed ``reference [N, T]`` to a full-cache arm and to each spec's arm; metrics per arm.
 
     Position p (1-based) is scored from the logits after feeding tokens 1..p-1; position 1
@@ -84,7 +84,9 @@ def teacher_forced(decoder: BatchedDecoder, reference: torch.Tensor, specs: list
     positions are fed but left out. With ``ends``, an arm whose region never fills is the
     full cache at every position and gets its metrics (0 rounds) instead of an error.
     ``row_seeds(spec)``: per-request noise seeds (default: the spec's seed for all).
-    ``on_chunk(arms_fed)`` is called after each chunk (progress bars).
+    ``on_chunk(arms_fed)`` is called after each chunk (progress bars). ``measure``: each
+    arm also reports ``signals``, per round ``[output tokens when it ran, [N] evicted
+    attention]`` (``Arm.signals``).
     """
     n, t = reference.shape
     if t % recent:
@@ -97,7 +99,7 @@ def teacher_forced(decoder: BatchedDecoder, reference: torch.Tensor, specs: list
     for c in range(0, t, recent):
         for spec, policy in [x for x in pending if x[1].config.region_size <= full.region_len]:
             seeds = row_seeds(spec) if row_seeds is not None else None
-            arm = decoder.new_arm(spec.label, policy, seed=spec.seed, row_seeds=seeds)
+            arm = decoder.new_arm(spec.label, policy, seed=spec.seed, row_seeds=seeds, measure=measure)
             decoder.fork(full, arm)
             metrics = PositionMetrics(n, t)
             metrics.copy_from(full_metrics, c + 1)
@@ -125,9 +127,11 @@ def teacher_forced(decoder: BatchedDecoder, reference: torch.Tensor, specs: list
             metrics.mask_after(ends)
     out = {"full": {"spec": None, "rounds": 0, **full_metrics.summary()}}
     for spec, arm, metrics in running:
-        out[spec.label] = {"spec": spec.__dict__, "rounds": arm.rounds, **metrics.summary()}
+        out[spec.label] = {"spec": spec.__dict__, "rounds": arm.rounds, **metrics.summary(),
+                           **({"signals": [[g, s] for g, s in arm.signals]} if measure else {})}
     for spec, _ in pending:  # never filled its region: it is the full cache throughout
-        out[spec.label] = {"spec": spec.__dict__, "rounds": 0, **full_metrics.summary()}
+        out[spec.label] = {"spec": spec.__dict__, "rounds": 0, **full_metrics.summary(),
+                           **({"signals": []} if measure else {})}
     return out
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import POLICY_NAMES, PolicyConfigError
+from ..telemetry import KLEstimator
 
 CALIBRATION_KIND = "vase-sglang-calibration"
 CALIBRATION_VERSION = 1
@@ -106,11 +107,7 @@ def _bad(path: str, why: str) -> PolicyConfigError:
     return err
 
 
-def load_calibration(path: str, model_fingerprint: str | None = None) -> AutoTable:
-    """The table of a calibration file; a clear ``PolicyConfigError`` for a wrong one.
-
-    With ``model_fingerprint``, a calibration measured on another model is refused.
-    """
+def _read(path: str) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text())
     except OSError as exc:
@@ -121,6 +118,28 @@ def load_calibration(path: str, model_fingerprint: str | None = None) -> AutoTab
         raise _bad(path, "not a calibration file (write one with `python -m vase_sglang.calibrate`)")
     if data.get("version") != CALIBRATION_VERSION:
         raise _bad(path, f"calibration version {data.get('version')!r}; this server reads {CALIBRATION_VERSION}")
+    return data
+
+
+def load_estimator(path: str) -> KLEstimator | None:
+    """The signal -> KL mappings of a calibration file (None: it was written before
+    ``calibrate`` measured the signal)."""
+    section = (_read(path).get("telemetry") or {}).get("estimator")
+    if not section:
+        return None
+    try:
+        est = KLEstimator.from_dict(section)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _bad(path, f"its telemetry mapping is malformed ({type(exc).__name__}: {exc})") from None
+    return KLEstimator(est.statistic, est.model, est.per_config, est.labels, str(path))
+
+
+def load_calibration(path: str, model_fingerprint: str | None = None) -> AutoTable:
+    """The table of a calibration file; a clear ``PolicyConfigError`` for a wrong one.
+
+    With ``model_fingerprint``, a calibration measured on another model is refused.
+    """
+    data = _read(path)
     rec = data.get("recommendation") or {}
     if not rec:
         raise _bad(path, "it recommends nothing (the calibration has not finished a budget)")

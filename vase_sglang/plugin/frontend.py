@@ -4,8 +4,8 @@
 loaded there, so the plugin cannot add the arguments the way it does for
 ``launch_server`` and ``sgl.Engine``. ``vase_sglang_frontend.pth`` (run at interpreter
 start-up) adds a one-shot post-import hook: when ``sglang.lang.backend.runtime_endpoint``
-is first imported, ``Runtime.__init__`` is wrapped so that it takes ``kv_policy``,
-``kv_budget``, ``kv_recent``, ``kv_seed`` and ``kv_policy_config``, validates them (a
+is first imported, ``Runtime.__init__`` is wrapped so that it takes the ``kv_*`` keyword
+arguments (``patches.server_args.ENGINE_KWARGS``), validates them (a
 ``PolicyConfigError``, i.e. ``ValueError``, for a bad one), exports the policy to the
 server it spawns, and applies the same server defaults as the flags (overlap scheduler
 off, ``max_running_requests`` 128). The server process then loads the plugin as usual.
@@ -24,13 +24,12 @@ from typing import Any
 TARGET_MODULE = "sglang.lang.backend.runtime_endpoint"
 def runtime_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Take the ``kv_*`` arguments out of ``kwargs``, export the policy, return the rest."""
-    from ..patches.server_args import ENGINE_KWARGS, policy_overrides
-    from .options import export_config, server_options
+    from ..patches.server_args import ENGINE_KWARGS, policy_overrides, resolve_options
+    from .options import export_config
 
     flags = {name: kwargs.pop(name, None) for name in ENGINE_KWARGS}
-    cfg, seed, auto = server_options(flags["kv_policy"], flags["kv_budget"], flags["kv_recent"], flags["kv_seed"],
-                                     flags["kv_policy_config"], flags["kv_calibration"], kwargs.get("model_path"))
-    export_config(cfg, seed, auto)  # the spawned server and its schedulers inherit the environment
+    cfg, seed, auto, telemetry = resolve_options(flags, kwargs.get("model_path"))
+    export_config(cfg, seed, auto, telemetry)  # the spawned server and its schedulers inherit the environment
     # What the flags path does to ServerArgs, given here before Runtime builds them.
     return kwargs | policy_overrides(kwargs, cfg)
 

@@ -1,12 +1,29 @@
 """Prometheus metrics (scheduler process), exposed on SGLang's ``/metrics`` with
 ``--enable-metrics``. Created lazily: ``prometheus_client`` must not be imported before
 SGLang has set up its multiprocess directory.
+
+The telemetry series carry the labels ``policy`` and ``budget`` (of the request: per-request
+``kv_policy`` / ``kv_budget`` and ``auto`` make several per server). ``METRIC_NAMES`` lists
+every series; ``monitoring/grafana/vase-sglang.json`` charts them.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..config import PolicyConfig
+    from .telemetry import TelemetryReport
+
+SIGNAL_BUCKETS = (0.001, 0.003, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
+KL_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+LABELS = ("policy", "budget")
+METRIC_NAMES = ("vase:eviction_rounds_total", "vase:evicted_tokens_total", "vase:round_latency_seconds",
+                "vase:region_occupancy_ratio", "vase:reserved_region_slots", "vase:used_region_slots",
+                "vase:round_evicted_attention", "vase:request_evicted_attention", "vase:request_estimated_kl",
+                "vase:requests_finished_total", "vase:loops_total", "vase:loop_stops_total")
 
 _metrics: dict[str, Any] | None = None
 
@@ -34,8 +51,51 @@ def _get() -> dict[str, Any] | None:
                               multiprocess_mode="livesum"),
             "used": Gauge("vase:used_region_slots", "Region slots holding KV for running evicting requests",
                           multiprocess_mode="livesum"),
+            "round_signal": Histogram("vase:round_evicted_attention",
+                                      "Per request and round: share of the window queries' attention on the "
+                                      "evicted tokens (mean over layers and KV heads)", LABELS,
+                                      buckets=SIGNAL_BUCKETS),
+            "request_signal": Histogram("vase:request_evicted_attention",
+                                        "Per finished request that evicted: its mean evicted attention over rounds",
+                                        LABELS, buckets=SIGNAL_BUCKETS),
+            "request_kl": Histogram("vase:request_estimated_kl",
+                                    "Per finished request that evicted, with --kv-calibration: estimated KL(full || "
+                                    "served) per token, nats", LABELS, buckets=KL_BUCKETS),
+            "finished": Counter("vase:requests_finished_total", "Finished requests on an evicting server", LABELS),
+            "loops": Counter("vase:loops_total", "Finished requests whose output fell into a repetition loop", LABELS),
+            "loop_stops": Counter("vase:loop_stops_total", "Requests ended by kv_stop_on_loop / --kv-stop-on-loop",
+                                  LABELS),
         }
     return _metrics
+
+
+def _labels(cfg: PolicyConfig) -> dict[str, str]:
+    return {"policy": cfg.policy, "budget": str(cfg.budget) if cfg.evicts else "full"}
+
+
+def observe_round_signals(cfg: PolicyConfig, signals: Sequence[float]) -> None:
+    m = _get()
+    if m is not None:
+        hist = m["round_signal"].labels(**_labels(cfg))
+        for s in signals:
+            hist.observe(s)
+
+
+def observe_request(cfg: PolicyConfig, report: TelemetryReport, stopped: bool) -> None:
+    """A finished request's telemetry (once per request)."""
+    m = _get()
+    if m is None:
+        return
+    labels = _labels(cfg)
+    m["finished"].labels(**labels).inc()
+    if report.evicted_attention is not None:
+        m["request_signal"].labels(**labels).observe(report.evicted_attention)
+        if report.estimated_kl is not None:
+            m["request_kl"].labels(**labels).observe(report.estimated_kl)
+    if report.loop:
+        m["loops"].labels(**labels).inc()
+    if stopped:
+        m["loop_stops"].labels(**labels).inc()
 
 
 def observe_rounds(n_requests: int, tokens: int, seconds: float) -> None:

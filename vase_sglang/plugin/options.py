@@ -18,7 +18,8 @@ from typing import Any
 
 from ..config import POLICY_NAMES, PolicyConfig, PolicyConfigError
 from ..policies import POLICIES, mix_seed
-from .auto import BUILTIN, AutoTable, fingerprint_of_path, load_calibration
+from .auto import BUILTIN, AutoTable, fingerprint_of_path, load_calibration, load_estimator
+from .telemetry import SWITCH, TelemetryOptions
 
 # The environment carries the server's policy to every SGLang process (scheduler,
 # detokenizer, DP controller) and survives ``sglang.Engine(**kwargs)``.
@@ -30,6 +31,7 @@ FLAG_FOR_FIELD = {
     "recent": "--kv-recent",
     "seed": "--kv-seed",
     "kv_calibration": "--kv-calibration",
+    "kv_telemetry": "--kv-telemetry",
 }
 AUTO = "auto"  # --kv-policy / kv_policy value: the calibration's choice for the budget
 # Per-request fields in sampling_params.custom_params, and the PolicyConfig field each sets.
@@ -38,7 +40,8 @@ REQUEST_FIELDS = {
     "kv_budget": "budget",
     "kv_n_large": "n_large",
 }
-REQUEST_KEYS = (*REQUEST_FIELDS, "kv_seed")
+STOP_ON_LOOP_KEY = "kv_stop_on_loop"  # per request: end the request when its output loops
+REQUEST_KEYS = (*REQUEST_FIELDS, "kv_seed", STOP_ON_LOOP_KEY)
 # The tokenizer process writes the validated options under this key; the scheduler reads
 # them instead of validating a second time.
 VALIDATED_KEY = "__vase_validated__"
@@ -54,6 +57,7 @@ class RequestOptions:
     cfg: PolicyConfig
     seed: int
     reason: str = ""
+    stop_on_loop: bool | None = None  # the request's kv_stop_on_loop; None: the server's --kv-stop-on-loop
 
 
 def add_cli_flags(parser: argparse.ArgumentParser) -> None:
@@ -68,8 +72,9 @@ def add_cli_flags(parser: argparse.ArgumentParser) -> None:
                        help="KV eviction policy for generated tokens (default: none, stock SGLang); auto: the "
                             "policy --kv-calibration recommends for each request's budget")
     group.add_argument("--kv-calibration", default=None, metavar="FILE",
-                       help="with --kv-policy auto: a calibration.json from `python -m vase_sglang.calibrate` on "
-                            f"this model (without it, auto serves {BUILTIN.choose(0).policy} at every budget)")
+                       help="a calibration.json from `python -m vase_sglang.calibrate` on this model: each request "
+                            "then reports kv_estimated_kl, and --kv-policy auto serves its recommendations (without "
+                            f"it, auto serves {BUILTIN.choose(0).policy} at every budget)")
     group.add_argument("--kv-budget", type=int, default=None,
                        help="tokens kept per request, layer and KV head after each round (default 4096)")
     group.add_argument("--kv-recent", type=int, default=None,
@@ -79,6 +84,13 @@ def add_cli_flags(parser: argparse.ArgumentParser) -> None:
                        help="one seed for the eviction noise of every request (reproducible runs); default: "
                             "each request draws its own, from its sampling_seed when given, else from its id. "
                             "A request's kv_seed overrides both")
+    group.add_argument("--kv-telemetry", default="on", choices=SWITCH,
+                       help="on (default): each request reports the attention its evicted tokens carried and "
+                            "whether its output loops (meta_info, /kv_policy, /metrics); every evicting policy then "
+                            "records the window queries. off: no signal, no loop detection")
+    group.add_argument("--kv-stop-on-loop", action="store_true",
+                       help="end a request whose output falls into a repetition loop (finish_reason type stop, "
+                            "kv_loop true); a request's kv_stop_on_loop overrides it")
     group.add_argument("--kv-policy-config", default=None, metavar="JSON",
                        help="other policy fields as JSON, e.g. '{\"n_large\": 512, \"value_stat\": \"l2\"}'; "
                             f"fields: {', '.join(PolicyConfig.field_names())}")
@@ -164,17 +176,9 @@ def auto_config(budget: int | None, recent: int | None, policy_config: str | Map
     if calibration is None:
         table = BUILTIN
     else:
-        try:
-            fingerprint = fingerprint_of_path(model_path) if model_path else None
-        except (OSError, ValueError) as exc:
-            raise PolicyConfigError("kv_calibration", calibration,
-                                    f"cannot read the model's config to check it ({exc})") from None
+        fingerprint = _fingerprint(calibration, model_path)
         table = load_calibration(calibration, fingerprint)  # its errors already name --kv-calibration
-        if recent is None and table.recent is not None:
-            recent = table.recent
-        elif table.recent is not None and recent != table.recent:
-            raise PolicyConfigError("kv_calibration", calibration, f"it was measured with recent {table.recent}; "
-                                    f"start with --kv-recent {table.recent} or calibrate with --recent {recent}")
+        recent = _calibrated_recent(table, recent, calibration)
     base = config_from_flags(BUILTIN.choose(0).policy, budget, recent, policy_config)
     return base.replace(**table.choose(base.budget).changes), table
 
@@ -183,12 +187,55 @@ def server_options(policy: str | None, budget: Any = None, recent: Any = None, s
                    policy_config: Any = None, calibration: str | None = None,
                    model_path: str | None = None) -> tuple[PolicyConfig, int | None, AutoTable | None]:
     """The server's config, ``--kv-seed`` and ``auto`` table from its flag values."""
-    if calibration is not None and policy != AUTO:
-        raise PolicyConfigError("kv_calibration", calibration, "is read only with --kv-policy auto")
     if policy == AUTO:
         cfg, table = auto_config(budget, recent, policy_config, calibration, model_path)
         return cfg, seed_from_flag(seed), table
+    if calibration is not None:
+        if (policy or "none") == "none":
+            raise PolicyConfigError("kv_calibration", calibration,
+                                    "estimates what eviction costs: start with an evicting --kv-policy")
+        recent = _calibrated_recent(load_calibration(calibration, _fingerprint(calibration, model_path)), recent,
+                                    calibration)
     return config_from_flags(policy or "none", budget, recent, policy_config), seed_from_flag(seed), None
+
+
+def _fingerprint(calibration: str, model_path: str | None) -> str | None:
+    try:
+        return fingerprint_of_path(model_path) if model_path else None
+    except (OSError, ValueError) as exc:
+        raise PolicyConfigError("kv_calibration", calibration,
+                                f"cannot read the model's config to check it ({exc})") from None
+
+
+def _calibrated_recent(table: AutoTable, recent: Any, calibration: str) -> Any:
+    """--kv-recent: the calibration's R when not given; a different one is refused (the
+    signal and the policies' choices depend on R)."""
+    if recent is None and table.recent is not None:
+        return table.recent
+    if table.recent is not None and recent != table.recent:
+        raise PolicyConfigError("kv_calibration", calibration, f"it was measured with recent {table.recent}; "
+                                f"start with --kv-recent {table.recent} or calibrate with --recent {recent}")
+    return recent
+
+
+def telemetry_options(cfg: PolicyConfig, telemetry: str | None = None, stop_on_loop: Any = None,
+                      calibration: str | None = None, auto: bool = False) -> TelemetryOptions:
+    """``--kv-telemetry``, ``--kv-stop-on-loop`` and the KL mappings of ``--kv-calibration``
+    (already checked against the model by ``server_options``). Without ``auto`` the mappings
+    are the file's only use, so a file that has none is refused."""
+    if telemetry not in (None, *SWITCH):
+        raise _flagged(PolicyConfigError("kv_telemetry", telemetry, f"must be one of {', '.join(SWITCH)}"))
+    if stop_on_loop not in (None, True, False):
+        raise PolicyConfigError("kv_stop_on_loop", stop_on_loop, "must be true or false")
+    enabled = telemetry != "off"
+    estimator = load_estimator(calibration) if calibration is not None and cfg.evicts else None
+    if calibration is not None and estimator is None and not auto:
+        raise PolicyConfigError("kv_calibration", calibration, "it holds no telemetry mapping (written by a "
+                                "calibrate that did not measure the signal); run `python -m vase_sglang.calibrate` "
+                                "again")
+    if estimator is not None and not enabled:
+        raise PolicyConfigError("kv_calibration", calibration, "its KL mappings need --kv-telemetry on")
+    return TelemetryOptions(enabled, bool(stop_on_loop), estimator)
 
 
 def server_reason(cfg: PolicyConfig, auto: AutoTable | None) -> str:
@@ -196,10 +243,13 @@ def server_reason(cfg: PolicyConfig, auto: AutoTable | None) -> str:
     return auto.choose(cfg.budget).reason if auto is not None else f"server --kv-policy {cfg.policy}"
 
 
-def export_config(cfg: PolicyConfig, seed: int | None = None, auto: AutoTable | None = None) -> None:
-    """Hand the server's policy, ``--kv-seed`` and ``auto`` table to every SGLang process it starts."""
+def export_config(cfg: PolicyConfig, seed: int | None = None, auto: AutoTable | None = None,
+                  telemetry: TelemetryOptions | None = None) -> None:
+    """Hand the server's policy, ``--kv-seed``, ``auto`` table and telemetry settings to
+    every SGLang process it starts."""
     os.environ[ENV_CONFIG] = json.dumps({"config": cfg.to_dict(), "seed": seed,
-                                         "auto": auto.to_dict() if auto is not None else None}, sort_keys=True)
+                                         "auto": auto.to_dict() if auto is not None else None,
+                                         "telemetry": (telemetry or TelemetryOptions()).to_dict()}, sort_keys=True)
 
 
 def exported_config() -> PolicyConfig:
@@ -220,13 +270,19 @@ def exported_auto() -> AutoTable | None:
     return _parse_exported(os.environ.get(ENV_CONFIG))[2]
 
 
+def exported_telemetry() -> TelemetryOptions:
+    """The server's telemetry settings (``--kv-telemetry``, ``--kv-stop-on-loop``, KL mappings)."""
+    return _parse_exported(os.environ.get(ENV_CONFIG))[3]
+
+
 @functools.lru_cache(maxsize=4)
-def _parse_exported(text: str | None) -> tuple[PolicyConfig, int | None, AutoTable | None]:
+def _parse_exported(text: str | None) -> tuple[PolicyConfig, int | None, AutoTable | None, TelemetryOptions]:
     if not text:
-        return PolicyConfig(policy="none"), None, None
+        return PolicyConfig(policy="none"), None, None, TelemetryOptions()
     data = json.loads(text)
     auto = AutoTable.from_dict(data["auto"]) if data.get("auto") else None
-    return PolicyConfig.from_dict(data["config"]), data["seed"], auto
+    return (PolicyConfig.from_dict(data["config"]), data["seed"], auto,
+            TelemetryOptions.from_dict(data.get("telemetry")))
 
 
 def validate_request(server: PolicyConfig, custom_params: Mapping[str, Any] | None,
@@ -261,6 +317,8 @@ def validate_with_reason(server: PolicyConfig, custom_params: Mapping[str, Any] 
                                     f"cannot be set per request; the server runs with --kv-recent {server.recent}")
         if key == "kv_seed":
             seed = _checked_seed("kv_seed", value)
+        elif key == STOP_ON_LOOP_KEY:
+            stop_on_loop(custom_params, server)
         elif key in REQUEST_FIELDS:
             changes[REQUEST_FIELDS[key]] = value
         elif isinstance(key, str) and key.startswith("kv_"):
@@ -294,16 +352,30 @@ def validate_with_reason(server: PolicyConfig, custom_params: Mapping[str, Any] 
     except PolicyConfigError as exc:
         field = next((k for k, v in REQUEST_FIELDS.items() if v == exc.field_name), exc.field_name)
         raise PolicyConfigError(field, exc.value, exc.allowed) from None
-    if POLICIES[cfg.policy].needs_queries and not captures_queries(server, auto):
+    if POLICIES[cfg.policy].needs_queries and not captures_queries(server, auto, exported_telemetry().enabled):
         raise PolicyConfigError("kv_policy", policy, f"needs attention queries, which the server's --kv-policy "
-                                f"{server.policy} does not capture; "
+                                f"{server.policy} does not capture with --kv-telemetry off; "
                                 "use one of vase-dkv, curdkv, streamingllm, random, none")
     return cfg, seed, reason
 
 
-def captures_queries(server: PolicyConfig, auto: AutoTable | None = None) -> bool:
-    """The server records queries: its policy reads them, or ``auto`` may choose one that does."""
-    if POLICIES[server.policy].needs_queries:
+def stop_on_loop(custom_params: Mapping[str, Any] | None, server: PolicyConfig) -> bool | None:
+    """A request's ``kv_stop_on_loop`` (None when not given); only an evicting server detects loops."""
+    if not isinstance(custom_params, Mapping) or STOP_ON_LOOP_KEY not in custom_params:
+        return None
+    value = custom_params[STOP_ON_LOOP_KEY]
+    if not isinstance(value, bool):
+        raise PolicyConfigError(STOP_ON_LOOP_KEY, value, "must be true or false")
+    if not server.evicts:
+        raise PolicyConfigError(STOP_ON_LOOP_KEY, value, "the server runs with --kv-policy none, which detects "
+                                "no loops; start it with an evicting policy")
+    return value
+
+
+def captures_queries(server: PolicyConfig, auto: AutoTable | None = None, telemetry: bool = False) -> bool:
+    """The server records queries: its policy reads them, ``auto`` may choose one that does,
+    or the telemetry measures an evicting policy's rounds (it reads the window queries)."""
+    if POLICIES[server.policy].needs_queries or (telemetry and server.evicts):
         return True
     return auto is not None and any(POLICIES[c["policy"]].needs_queries for c in auto.policies())
 
@@ -313,9 +385,10 @@ def request_config(server: PolicyConfig, custom_params: Mapping[str, Any] | None
     return validate_request(server, custom_params)[0]
 
 
-def stamp_validated(custom_params: dict[str, Any], cfg: PolicyConfig, seed: int | None, reason: str = "") -> None:
+def stamp_validated(custom_params: dict[str, Any], cfg: PolicyConfig, seed: int | None, reason: str = "",
+                    stop: bool | None = None) -> None:
     """Record the validated options in the request's ``custom_params`` for the scheduler."""
-    custom_params[VALIDATED_KEY] = {"config": cfg.to_dict(), "seed": seed, "reason": reason}
+    custom_params[VALIDATED_KEY] = {"config": cfg.to_dict(), "seed": seed, "reason": reason, "stop_on_loop": stop}
 
 
 def identity_seed(rid: str, sampling_seed: int | None = None) -> int:
@@ -347,10 +420,11 @@ def resolve_request(server: PolicyConfig, server_seed: int | None, custom_params
         if unvalidated:
             raise RuntimeError(f"request {rid}: custom_params fields {unvalidated} reached the scheduler without "
                                "validation (SamplingParams.verify was not hooked)")
-        cfg, seed, reason = server, None, server_reason(server, auto)
+        cfg, seed, reason, stop = server, None, server_reason(server, auto), None
     else:
         cfg, seed = _stamped_config(json.dumps(stamp["config"], sort_keys=True)), stamp["seed"]
         reason = stamp.get("reason") or server_reason(server, auto)
+        stop = stamp.get("stop_on_loop")
     if seed is None:
         seed = server_seed if server_seed is not None else identity_seed(rid, sampling_seed)
-    return RequestOptions(cfg, seed, reason)
+    return RequestOptions(cfg, seed, reason, stop)

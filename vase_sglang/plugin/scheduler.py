@@ -58,12 +58,14 @@ import torch
 
 from ..config import PolicyConfig
 from ..kernels import ops
-from ..policies import POLICIES, Policy, Regions, RoundShape, make_policy
+from ..policies import POLICIES, Policy, Regions, RoundShape, Selection, make_policy
 from ..sharding import HeadShard
+from ..telemetry import Loop
 from . import metrics
 from .auto import AutoTable
 from .options import RequestOptions, captures_queries, resolve_request
-from .stats import LatencyHistogram
+from .stats import LogHistogram
+from .telemetry import FleetTelemetry, RequestTelemetry, TelemetryOptions, TelemetryReport
 
 if TYPE_CHECKING:  # the SGLang attributes read here, checked against the pinned SGLang
     from ..patches import contract as sg
@@ -82,6 +84,7 @@ class RequestState:
     """One request's eviction state; its region fields restart after a re-prefill."""
 
     options: RequestOptions
+    telemetry: RequestTelemetry
     row: int = -1  # row of req_to_token; -1 until the first decode step
     generation: int = -1  # the row's allocation count when this region started
     region_start: int = 0  # first column of the region
@@ -140,7 +143,7 @@ class Totals:
     # Request-rounds of a query-reading policy whose ring held no query at all: the decode
     # path of some attention backend was not hooked, so attention scored nothing.
     rounds_without_queries: int = 0
-    round_latency: LatencyHistogram = field(default_factory=LatencyHistogram)  # one per batched round
+    round_latency: LogHistogram = field(default_factory=LogHistogram)  # one per batched round
 
 
 def stacked_view(layers: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -170,9 +173,10 @@ def stacked_view(layers: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def query_ring_bytes_per_request(cfg: PolicyConfig, n_layers: int, q_heads: int, head_dim: int,
-                                 dtype_bytes: int, auto: AutoTable | None = None) -> int:
-    """Bytes of query ring one request slot needs (0 when no reachable policy reads queries)."""
-    if not captures_queries(cfg, auto):
+                                 dtype_bytes: int, auto: AutoTable | None = None, measure: bool = False) -> int:
+    """Bytes of query ring one request slot needs (0 when no reachable policy reads queries
+    and the telemetry does not measure)."""
+    if not captures_queries(cfg, auto, measure):
         return 0
     return n_layers * q_heads * cfg.recent * head_dim * dtype_bytes
 
@@ -196,42 +200,47 @@ class PolicyMemory:
 
 
 def policy_memory(server_cfg: PolicyConfig, shard: HeadShard, n_layers: int, head_dim: int, itemsize: int,
-                  request_slots: int, auto: AutoTable | None = None) -> PolicyMemory:
+                  request_slots: int, auto: AutoTable | None = None, measure: bool = False) -> PolicyMemory:
     """The one sizing of the ring and the round workspace, for a rank holding ``shard``'s
-    heads (the reservation before the pool exists and the start-up report both use it)."""
-    ring = query_ring_bytes_per_request(server_cfg, n_layers, shard.q_heads, head_dim, itemsize, auto)
+    heads (the reservation before the pool exists and the start-up report both use it);
+    ``measure``: the telemetry measures every round."""
+    ring = query_ring_bytes_per_request(server_cfg, n_layers, shard.q_heads, head_dim, itemsize, auto, measure)
     shape = RoundShape(n_req=request_slots, n_layers=n_layers, q_heads=shard.q_heads, kv_heads=shard.kv_heads,
                        head_dim=head_dim, itemsize=itemsize, total_kv_heads=shard.total_kv_heads)
-    return PolicyMemory(ring, request_slots, round_workspace_bytes(server_cfg, shape, auto))
+    return PolicyMemory(ring, request_slots, round_workspace_bytes(server_cfg, shape, auto, measure))
 
 
-def policies_for(server_cfg: PolicyConfig, auto: AutoTable | None = None) -> list[str]:
+def policies_for(server_cfg: PolicyConfig, auto: AutoTable | None = None, measure: bool = False) -> list[str]:
     """Evicting policies a request may pick on this server (``kv_policy`` per request):
     the ones that read queries only when the server captures them."""
     if not server_cfg.evicts:
         return []
-    captures = captures_queries(server_cfg, auto)
+    captures = captures_queries(server_cfg, auto, measure)
     return [name for name, cls in POLICIES.items() if cls.evicts and (captures or not cls.needs_queries)]
 
 
-def reachable_configs(server_cfg: PolicyConfig, auto: AutoTable | None = None) -> list[PolicyConfig]:
+def reachable_configs(server_cfg: PolicyConfig, auto: AutoTable | None = None,
+                      measure: bool = False) -> list[PolicyConfig]:
     """Configs a request may run at the server's budget: every policy it may pick, and
     ``auto``'s choices (which may also set ``outlier_factor``)."""
-    out = [server_cfg.replace(policy=name) for name in policies_for(server_cfg, auto)]
+    out = [server_cfg.replace(policy=name) for name in policies_for(server_cfg, auto, measure)]
     if auto is not None:
         out += [server_cfg.replace(**c) for c in auto.policies()]
     return out
 
 
-def round_workspace_bytes(server_cfg: PolicyConfig, shape: RoundShape, auto: AutoTable | None = None) -> int:
+def round_workspace_bytes(server_cfg: PolicyConfig, shape: RoundShape, auto: AutoTable | None = None,
+                          measure: bool = False) -> int:
     """Peak temporaries of one batched round of ``min(shape.n_req, MAX_ROUND_BATCH)``
     regions, for the most demanding config a request may reach (at the server's budget,
-    the largest a request may ask for)."""
+    the largest a request may ask for), measured by the telemetry or not."""
     shape = RoundShape(**{**shape.__dict__, "n_req": min(shape.n_req, MAX_ROUND_BATCH)})
-    return max((make_policy(c).workspace_bytes(shape) for c in reachable_configs(server_cfg, auto)), default=0)
+    return max((make_policy(c).workspace_bytes(shape, measure) for c in reachable_configs(server_cfg, auto, measure)),
+               default=0)
 
 
-def warmup_configs(server_cfg: PolicyConfig, auto: AutoTable | None = None) -> list[PolicyConfig]:
+def warmup_configs(server_cfg: PolicyConfig, auto: AutoTable | None = None,
+                   measure: bool = False) -> list[PolicyConfig]:
     """One config per kernel variant a request can reach: every policy it may pick, with
     and without the value reservation, at one budget per power-of-two block of candidates
     (the only budget-dependent compile-time constant; the budget itself is a runtime value)."""
@@ -239,7 +248,7 @@ def warmup_configs(server_cfg: PolicyConfig, auto: AutoTable | None = None) -> l
     for b in range(2 * server_cfg.recent, server_cfg.budget + 1, server_cfg.recent):
         budgets.setdefault(1 << (b - 1).bit_length(), b)
     out = []
-    for reachable in reachable_configs(server_cfg, auto):
+    for reachable in reachable_configs(server_cfg, auto, measure):
         for b in budgets.values():
             cfg = reachable.replace(budget=b)
             if cfg not in out:
@@ -266,9 +275,12 @@ class VaseScheduler:
         head_offset: int = 0,
         total_kv_heads: int | None = None,
         count_totals: bool = True,
+        telemetry: TelemetryOptions | None = None,
     ):
         self.server_cfg = server_cfg
         self.auto = auto
+        self.telemetry = telemetry or TelemetryOptions()
+        self.fleet = FleetTelemetry()
         # On a TP rank: the global index of the local KV heads (for TP-invariant noise),
         # and whether this rank reports to the Prometheus counters (one rank per request).
         self.head_offset, self.total_kv_heads, self.count_totals = head_offset, total_kv_heads, count_totals
@@ -302,8 +314,14 @@ class VaseScheduler:
             params = req.sampling_params
             options = resolve_request(self.server_cfg, self.server_seed, params.custom_params, rid=req.rid,
                                       sampling_seed=params.sampling_seed, auto=self.auto)
-            st = self._requests[req] = RequestState(options)
+            st = self._requests[req] = RequestState(options, self._request_telemetry(req, options))
         return st
+
+    def _request_telemetry(self, req: sg.Req, options: RequestOptions) -> RequestTelemetry:
+        stop = self.telemetry.stop_on_loop if options.stop_on_loop is None else options.stop_on_loop
+        tokenizer = req.tokenizer
+        text_of = (lambda ids: tokenizer.decode(list(ids))) if tokenizer is not None else None
+        return RequestTelemetry(text_of, stop_on_loop=stop, detect_loops=self.telemetry.enabled or stop)
 
     def _started(self, req: sg.Req) -> RequestState | None:
         st = self._requests.get(req)
@@ -355,8 +373,8 @@ class VaseScheduler:
         if not due:
             return
         req_to_token = self.req_to_token_pool.req_to_token
-        self._run_rounds([(st, req_to_token[st.row, st.region_start : int(req.kv.kv_committed_len)])
-                          for _, req, st in due])
+        self._run_rounds([(st, req_to_token[st.row, st.region_start : int(req.kv.kv_committed_len)],
+                           len(req.output_ids)) for _, req, st in due])
         if DEBUG_DIGEST:
             for _, _, st in due:
                 st.prefix_digests.append(self._prefix_digest(st.row, st.region_start))
@@ -396,54 +414,69 @@ class VaseScheduler:
             st.prefix_digests = [self._prefix_digest(row, st.region_start)]
         return st
 
-    def _run_rounds(self, items: Sequence[tuple[RequestState, torch.Tensor]]) -> None:
-        """One round for each ``(state, region_slots)``; afterwards each region's first B
-        slots hold the kept tokens, oldest first."""
+    def _run_rounds(self, items: Sequence[tuple[RequestState, torch.Tensor, int]]) -> None:
+        """One round for each ``(state, region_slots, output tokens so far)``; afterwards each
+        region's first B slots hold the kept tokens, oldest first."""
         t0 = time.perf_counter()
-        groups: dict[tuple[PolicyConfig, int], list[tuple[RequestState, torch.Tensor]]] = {}
-        for st, slots in items:  # one launch per config and region length
-            groups.setdefault((st.cfg, slots.shape[0]), []).append((st, slots))
+        groups: dict[tuple[PolicyConfig, int], list[tuple[RequestState, torch.Tensor, int]]] = {}
+        for st, slots, generated in items:  # one launch per config and region length
+            groups.setdefault((st.cfg, slots.shape[0]), []).append((st, slots, generated))
         for (cfg, _), members in groups.items():
             for i in range(0, len(members), MAX_ROUND_BATCH):
                 self._round(cfg, members[i : i + MAX_ROUND_BATCH])
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()  # honest round latency; rounds are rare
         seconds = time.perf_counter() - t0
-        tokens = sum(slots.shape[0] - st.cfg.budget for st, slots in items)
+        tokens = sum(slots.shape[0] - st.cfg.budget for st, slots, _ in items)
         self.totals.rounds += len(items)
         self.totals.tokens_evicted += tokens
         self.totals.round_latency.observe(seconds)
         if self.count_totals:
             metrics.observe_rounds(len(items), tokens, seconds)
 
-    def _round(self, cfg: PolicyConfig, group: Sequence[tuple[RequestState, torch.Tensor]]) -> None:
+    def _round(self, cfg: PolicyConfig, group: Sequence[tuple[RequestState, torch.Tensor, int]]) -> None:
         """One batched round of regions that share ``cfg`` (at most MAX_ROUND_BATCH)."""
         if _capturing():
             raise RuntimeError("vase-sglang: an eviction round ran inside CUDA-graph capture; rounds move KV "
                                "data and must run eagerly, before the step's allocation")
         policy = self.policy(cfg)
-        slots = torch.stack([s.long() for _, s in group])
-        rows = torch.tensor([st.row for st, _ in group], device=self.device)
-        if policy.needs_queries and self.query_ring is not None:
+        slots = torch.stack([s.long() for _, s, _ in group])
+        rows = torch.tensor([st.row for st, _, _ in group], device=self.device)
+        measure = self.measures
+        if (policy.needs_queries or measure) and self.query_ring is not None:
             self._check_queries(rows)
-        self._select_and_compact(policy, slots, rows, [st.options.seed for st, _ in group],
-                                 [st.rounds for st, _ in group])
+        selection = self._select_and_compact(policy, slots, rows, [st.options.seed for st, _, _ in group],
+                                             [st.rounds for st, _, _ in group], measure)
         removed = slots.shape[1] - cfg.budget  # R, or G + R - B after a re-prefill
-        for st, _ in group:
+        for st, _, _ in group:
             st.rounds += 1
             st.compacted = True
             st.evicted += removed
             self.position_offset_by_row[st.row] += removed
+        if selection.evicted_attention is not None:
+            # Mean over layers and KV heads: one host copy per batched round (rounds sync anyway).
+            signals = selection.evicted_attention.mean(dim=(1, 2)).tolist()
+            for (st, _, generated), signal in zip(group, signals, strict=True):
+                st.telemetry.on_round(signal, generated)
+            if self.count_totals:
+                metrics.observe_round_signals(cfg, signals)
+
+    @property
+    def measures(self) -> bool:
+        """Rounds measure what they evict: telemetry on and a query ring to read."""
+        return self.telemetry.enabled and self.query_ring is not None
 
     def _select_and_compact(self, policy: Policy, slots: torch.Tensor, rows: torch.Tensor, seeds: list[int],
-                            rounds: list[int]) -> None:
+                            rounds: list[int], measure: bool = False) -> Selection:
         """Choose what each region keeps and move it to the region's first B slots. The
         kernels read each request's queries in place from its ring row: no copy."""
-        ring = self.query_ring if policy.needs_queries else None
+        ring = self.query_ring if policy.needs_queries or measure else None
         regions = Regions(self.k_buf, self.v_buf, slots, seeds=seeds, rounds=rounds, queries=ring,
                           query_rows=rows if ring is not None else None, head_offset=self.head_offset,
                           total_heads=self.total_kv_heads)
-        ops.compact(self.k_buf, self.v_buf, slots, policy.select(regions), backend=self.backend)
+        selection = policy.selection(regions, measure=measure)
+        ops.compact(self.k_buf, self.v_buf, slots, selection.keep, backend=self.backend)
+        return selection
 
     def _check_queries(self, rows: torch.Tensor) -> None:
         # An unhooked backend leaves every layer empty: the first layer and head tell.
@@ -516,13 +549,13 @@ class VaseScheduler:
         """Run one round per kernel variant a request can reach (``warmup_configs``) on the
         padding slot 0 and ring row 0, which no request owns, so that Triton compiles at
         start-up instead of in the middle of a decode step. Returns the configs run."""
-        configs = warmup_configs(self.server_cfg, self.auto)
+        configs = warmup_configs(self.server_cfg, self.auto, self.measures)
         t0 = time.perf_counter()
         rows = torch.zeros(1, dtype=torch.int64, device=self.device)
         for cfg in configs:
             policy = make_policy(cfg, backend=self.backend)
             slots = torch.zeros((1, cfg.region_size), dtype=torch.int64, device=self.device)
-            self._select_and_compact(policy, slots, rows, [0], [0])
+            self._select_and_compact(policy, slots, rows, [0], [0], self.measures)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         logger.info("vase-sglang: kernels warmed up for %d policy/budget variants in %.1f s", len(configs),
@@ -553,6 +586,32 @@ class VaseScheduler:
             return RequestCounters.before_first_decode(req)
         return RequestCounters(st.region_len, st.evicted, st.rounds, ",".join(map(str, st.reprefilled)))
 
+    # ---- telemetry ------------------------------------------------------------------
+    def after_tokens(self, req: sg.Req, new_tokens: int) -> Loop | None:
+        """The request's new output tokens: the loop to stop it at, if it just looped and
+        stops on loops (None otherwise)."""
+        st = self.state(req)
+        tel = st.telemetry
+        if tel.detector is None or tel.loop is not None or new_tokens <= 0:
+            return None
+        loop = tel.on_tokens(req.output_ids[-new_tokens:])
+        if loop is None or not tel.stop_on_loop:
+            return None
+        tel.stopped = True
+        return loop
+
+    def telemetry_report(self, req: sg.Req) -> TelemetryReport:
+        """What eviction cost the request so far, for its meta_info; a finished request is
+        counted in the totals once (``/kv_policy``, ``/metrics``)."""
+        st = self.state(req)
+        generated = len(req.output_ids)
+        report = st.telemetry.report(generated, st.cfg, self.telemetry.estimator)
+        if req.finished() and not st.telemetry.observed and self.count_totals:
+            st.telemetry.observed = True
+            self.fleet.observe(st.cfg, report, st.telemetry.stopped)
+            metrics.observe_request(st.cfg, report, st.telemetry.stopped)
+        return report
+
     def policy_choice(self, req: sg.Req) -> PolicyChoice:
         """The policy the request runs and why, for its meta_info."""
         options = self.state(req).options
@@ -577,15 +636,19 @@ class VaseScheduler:
             "batched_rounds": lat.count,
             "round_latency_ms_p50": ms(lat.quantile(0.5)),
             "round_latency_ms_p99": ms(lat.quantile(0.99)),
-            "round_latency_ms_max": ms(lat.max_seconds) if lat.count else None,
+            "round_latency_ms_max": ms(lat.max) if lat.count else None,
             # All rounds together, so a benchmark can state their share of the decode time.
-            "round_seconds_total": round(lat.total_seconds, 4),
+            "round_seconds_total": round(lat.total, 4),
             "query_ring_bytes": (int(self.query_ring.numel() * self.query_ring.element_size())
                                  if self.query_ring is not None else 0),
             "policy_cache_entries": len(self._policies),
             # False on the other ranks of an attention-TP group: they run the same rounds.
             "counted_in_totals": self.count_totals,
             "tracked_requests": len(self._requests),
+            "telemetry": {"enabled": self.telemetry.enabled, "measures_rounds": self.measures,
+                          "stop_on_loop": self.telemetry.stop_on_loop,
+                          "kl_estimator": self.telemetry.estimator.source if self.telemetry.estimator else None,
+                          "by_config": self.fleet.summary()},
         }
 
     def _prefix_digest(self, row: int, region_start: int) -> str:
