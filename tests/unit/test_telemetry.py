@@ -64,11 +64,17 @@ def test_a_short_phrase_must_repeat_as_a_phrase_of_ten_characters() -> None:
     assert det.feed([1] * 24) is None
     loop = det.feed([1])
     assert loop is not None and loop.detected_at == 24 and loop.start == 0
-    # A phrase of more than 40 characters is not a loop, however often it repeats.
-    long_phrase = [19, 13, 14, 19, 13, 14, 16]  # " zzzzzzz check again" twice and " 42": 43 characters
-    assert len(text_of(long_phrase)) == 43
-    assert LoopDetector(text_of).feed(long_phrase * 20) is None
-    assert find_text_loop(text_of(long_phrase * 20)) is None
+    # A repeated unit of 43 characters: its 10-40 character pieces recur once per copy.
+    unit = [19, 13, 14, 19, 13, 14, 16]  # " zzzzzzz check again" twice and " 42"
+    assert len(text_of(unit)) == 43
+    loop = LoopDetector(text_of).feed(unit * 20)
+    assert loop is not None and (loop.period, loop.detected_at) == (7, 5 * 7 - 1)
+    assert find_text_loop(text_of(unit * 5)) is not None
+    # A unit of more than 100 characters cannot repeat 5 times in the last 500: no token loop
+    # (its pieces recur with other text between them, which only the text definition counts).
+    long_unit = [*unit, *unit, 9, 17, 18, 15, 19, 13, 14]  # 112 characters, no shorter period
+    assert len(text_of(long_unit)) == 112
+    assert LoopDetector(text_of).feed(long_unit * 20) is None
 
 
 def test_ordinary_outputs_are_not_loops() -> None:
