@@ -12,6 +12,11 @@ Scenarios (select with ``--tags``; all run by default):
 
 ``--max-requests N`` stops the run after N chat requests (the soak test uses it).
 
+Each finished stream's last chunk carries the server's eviction telemetry (``metadata.kv``,
+``--kv-telemetry on``): at the end the run prints, per scenario, the distribution of the
+requests' evicted attention and estimated KL and the share that looped, and writes them to
+``--telemetry-out FILE`` (JSON) when given.
+
 Besides each request's end-to-end time, every response reports three Locust statistics
 (request types ``TTFT``, ``TPOT``, ``ITL``; Locust prints p50/p90/p99 for each):
 time to first token, time per output token after the first, and inter-token latency
@@ -25,7 +30,9 @@ Headless, against a running server (stops by itself after ``-t``):
 
 from __future__ import annotations
 
+import json
 import random
+import statistics
 import time
 
 from locust import User, between, events, tag, task
@@ -47,6 +54,45 @@ def _options(parser) -> None:
     parser.add_argument("--max-requests", type=int, default=0, help="stop after this many chat requests (0: no limit)")
     parser.add_argument("--overrides", default='[{"kv_budget": 64}, {"kv_policy": "streamingllm"}, {"kv_seed": 5}]',
                         help="JSON list of custom_params, one drawn per override request")
+    parser.add_argument("--telemetry-out", default="", help="write the telemetry distributions to this JSON file")
+
+
+_telemetry: list[dict] = []  # per finished choice: scenario name and its kv_* fields
+
+
+def _quantiles(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    qs = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else [values[0]] * 99
+    return {"n": len(values), "mean": statistics.fmean(values), "p50": qs[49], "p90": qs[89], "p99": qs[98]}
+
+
+def telemetry_summary(records: list[dict]) -> dict:
+    """Per scenario (and all together): evicted attention and estimated KL distributions of
+    the requests that evicted, and the share of finished requests whose output looped."""
+    out = {}
+    for name in ["all", *sorted({r["name"] for r in records})]:
+        rows = [r for r in records if name in ("all", r["name"])]
+        out[name] = {"requests": len(rows),
+                     "loop_share": statistics.fmean(bool(r.get("kv_loop")) for r in rows) if rows else None,
+                     "evicted_attention": _quantiles([r["kv_evicted_attention"] for r in rows
+                                                      if r.get("kv_evicted_attention") is not None]),
+                     "estimated_kl": _quantiles([r["kv_estimated_kl"] for r in rows
+                                                 if r.get("kv_estimated_kl") is not None
+                                                 and r.get("kv_evicted_attention") is not None])}
+    return out
+
+
+@events.quitting.add_listener
+def _report_telemetry(environment, **kwargs) -> None:
+    if not _telemetry:
+        return
+    summary = telemetry_summary(_telemetry)
+    print("eviction telemetry per scenario: " + json.dumps(summary))
+    path = environment.parsed_options.telemetry_out
+    if path:
+        with open(path, "w") as f:
+            json.dump(summary, f, indent=1)
 
 
 _finished = 0
@@ -93,7 +139,11 @@ class ChatUser(User):
                 stream=True, extra_body=extra,
             )
             for chunk in stream:
-                if not chunk.choices or not any(c.delta.content for c in chunk.choices):
+                if not chunk.choices:  # the last chunk: the server's telemetry of every choice
+                    kv = (getattr(chunk, "metadata", None) or {}).get("kv") or []
+                    _telemetry.extend({"name": name, **fields} for fields in kv if isinstance(fields, dict))
+                    continue
+                if not any(c.delta.content for c in chunk.choices):
                     continue
                 now = time.perf_counter()
                 if first is None:

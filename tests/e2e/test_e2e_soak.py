@@ -29,13 +29,19 @@ def test_short_soak_is_flat_and_leak_free(tmp_path: Path) -> None:
                             "--", "--kv-budget", "128", "--kv-recent", "32", "--max-running-requests", "32"])
     result = soak.run(args)
     v = result["verdict"]
+    mix = result["telemetry"]["locust_mix"]
     record("reliability/soak-short", {"seconds": 90, "requests": result["locust"]["requests"],
-                                      "failures": result["locust"]["failures"], **v})
+                                      "failures": result["locust"]["failures"], **v,
+                                      "telemetry": mix["all"] if mix else None})
     assert v["rss_growth_mib"] <= soak.MAX_RSS_GROWTH_MIB
     assert v["pass"], json.dumps({**v, "errors": result["locust"]["errors"]}, indent=1)
     # SGLang's leak checks slow the server down: about 40 requests of 400 tokens fit in 90 s.
     assert result["locust"]["requests"] >= 50 and result["locust"]["failures"] == 0
     assert set(result["locust"]["by_name"]) >= {"abort", "override", "prefix", "long", "n"}
     assert result["samples"][-1]["rounds"] > 0  # rounds ran throughout
+    # The mix's streams reported what eviction cost them, and so did the server's totals.
+    signal = mix["long"]["evicted_attention"]
+    assert signal["n"] > 0 and 0 < signal["p50"] <= signal["p90"] < 1, mix
+    assert result["telemetry"]["server_totals"]["vase B=128"]["requests_evicted"] >= signal["n"]
     assert (tmp_path / "soak.png").stat().st_size > 0
     assert "Traceback" not in (tmp_path / "server.log").read_text(errors="replace")

@@ -94,8 +94,10 @@ def test_custom_params_per_arm() -> None:
     assert custom_params(Arm("vase", 256), 3) == {"kv_policy": "vase", "kv_budget": 256, "kv_seed": 3}
 
 
-def _sample(pid: str, seed: int, correct: bool, text: str = "<think> x </think> answer 1") -> Sample:
-    return Sample(pid, seed, correct, 100 + seed, has_loop(text), unclosed_think(text), "stop", text)
+def _sample(pid: str, seed: int, correct: bool, text: str = "<think> x </think> answer 1",
+            served_loop: bool | None = None, signal: float | None = None) -> Sample:
+    return Sample(pid, seed, correct, 100 + seed, has_loop(text), unclosed_think(text), "stop", text, served_loop,
+                  signal)
 
 
 def test_summary_table_and_plot(tmp_path: Path) -> None:
@@ -105,6 +107,12 @@ def test_summary_table_and_plot(tmp_path: Path) -> None:
     assert full["pass@1"] == 1.0 and vase["pass@1"] == 0.75
     assert vase["pass@1_by_seed"] == {"0": 0.5, "1": 1.0} and vase["pass@1_std_over_seeds"] == 0.25
     assert vase["loop_share"] == 0.25 and vase["unclosed_share"] == 0.25 and vase["mean_tokens"] == 100.5
+    assert vase["served_loop_share"] is None and vase["evicted_attention_mean"] is None  # no server telemetry
+    served = summarize(Arm("vase", 256), [_sample("a", 0, True, served_loop=False, signal=0.1),
+                                          _sample("b", 0, True, "Wait, check. " * 6, served_loop=False, signal=0.3)])
+    assert served["served_loop_share"] == 0.0 and served["loop_agreement"] == 0.5
+    assert served["evicted_attention_mean"] == pytest.approx(0.2)
+    assert "loop 50.0 / served 0.0" in markdown_table([served], None)
     table = markdown_table([full, vase], full_tokens=1024)
     assert "B=256, 4.0x" in table and "| none | 100.0 ± 0.0" in table and "| vase | 75.0 ± 25.0" in table
     assert write_plot([full, vase], tmp_path / "p.png", "t") is None and (tmp_path / "p.png").stat().st_size > 1000

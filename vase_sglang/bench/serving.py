@@ -3,12 +3,17 @@
     python -m vase_sglang.bench.serving                        # tiny model, pools fitting 1x, 2x, 4x requests
     python -m vase_sglang.bench.serving --pools 2x --requests 4 --output-len 512
     python -m vase_sglang.bench.serving --model-path Qwen/Qwen3-8B --kv-budget 2048 --kv-recent 64
+    python -m vase_sglang.bench.serving --compare telemetry --rounds 5   # --kv-telemetry off against on
 
 Per pool (``--max-total-tokens``, equal for both arms) one server per arm with ``--enable-metrics``, loaded by
 ``python -m sglang.benchmark.serving`` (N prompts of P token ids at once, T output tokens each): tokens/s and TTFT /
 TPOT / ITL from its result; running requests, KV tokens in use and retractions from ``/metrics`` sampled every 0.2 s;
-time in eviction rounds from ``GET /kv_policy``. Writes serving_bench.json and .png. Exit status: 0 when every
-request completed with T tokens, 1 when a server, the benchmark or a request failed, 2 for bad options.
+time in eviction rounds from ``GET /kv_policy``. ``--compare`` picks the arms: ``policy`` (none against the
+evicting ``--kv-policy``) or ``telemetry`` (the evicting policy with ``--kv-telemetry off`` against on). With
+``--rounds`` K, each round runs every arm back to back on servers that stay up (CPU), and the ratios are the
+median of the K per-round ratios: runs seconds apart, not minutes (a shared machine drifts). Writes
+serving_bench.json and .png. Exit status: 0 when every request completed with T tokens, 1 when a server, the
+benchmark or a request failed, 2 for bad options.
 """
 
 import argparse
@@ -18,6 +23,7 @@ import re
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,11 +38,12 @@ from ..cli import OneLineParser, positive_float, positive_int
 from ..server_process import ServerError, ServerProcess, stop_all
 
 PROG = "python -m vase_sglang.bench.serving"
-ARMS = ("none", "vase")
+COMPARISONS = ("policy", "telemetry")
+TELEMETRY_OFF = "-telemetry-off"  # arm name suffix: the evicting policy with --kv-telemetry off
 POOL_SLACK = 64  # tokens added to K full requests: the radix tree keeps a little, the warm-ups take a little
 SAMPLE_PERIOD_S = 0.2
 OWNED_FLAGS = {"--kv-policy", "--kv-budget", "--kv-recent", "--kv-seed", "--max-total-tokens", "--port", "--host",
-               "--model-path", "--max-running-requests", "--enable-metrics", "--decode-log-interval"}
+               "--model-path", "--max-running-requests", "--enable-metrics", "--decode-log-interval", "--kv-telemetry"}
 RETRACTED = "sglang:num_retracted_requests_total"  # a counter, absent until the first retraction
 
 
@@ -53,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--kv-budget", type=positive_int, default=128, metavar="B", help="--kv-budget of the vase server (128)")
     add("--kv-recent", type=positive_int, default=32, metavar="R", help="--kv-recent of the vase server (32)")
     add("--kv-seed", type=int, default=None, metavar="S", help="--kv-seed of the vase server (default: per request)")
+    add("--kv-policy", default="vase", metavar="P", help="the evicting arm's --kv-policy (vase)")
+    add("--compare", choices=COMPARISONS, default="policy",
+        help="policy: --kv-policy none against P (default); telemetry: P with --kv-telemetry off against on")
+    add("--rounds", type=positive_int, default=1, metavar="K",
+        help="runs of every arm, back to back per round; ratios are the median over rounds (1)")
     add("--model-path", help="model directory or hub id (default: the tiny random-weight Qwen3 of tiny_model.py)")
     add("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda if torch sees a GPU, else cpu")
     add("--max-running-requests", type=positive_int, metavar="M", help="of both arms (default: --requests)")
@@ -67,10 +79,11 @@ def resolve(st: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse
     from ..config import PolicyConfig, PolicyConfigError
     from ..plugin.options import seed_from_flag
     try:
-        PolicyConfig(policy="vase", budget=st.kv_budget, recent=st.kv_recent)
+        if PolicyConfig(policy=st.kv_policy, budget=st.kv_budget, recent=st.kv_recent).policy == "none":
+            parser.error("invalid --kv-policy none: the compared arm must evict")
         seed_from_flag(st.kv_seed)
     except PolicyConfigError as e:
-        parser.error(f"--kv-budget/--kv-recent/--kv-seed: {e}")
+        parser.error(f"--kv-policy/--kv-budget/--kv-recent/--kv-seed: {e}")
     st.output_len = st.output_len or 8 * st.kv_budget
     if st.output_len < 2:
         parser.error(f"invalid --output-len {st.output_len}: must be at least 2 (TPOT needs two tokens)")
@@ -106,12 +119,22 @@ def reproduce_command(st: argparse.Namespace) -> str:
     return shlex.join(cmd)
 
 
+def arms(st: argparse.Namespace) -> tuple[str, str]:
+    """(baseline, compared): the ratios are compared / baseline."""
+    if st.compare == "telemetry":
+        return st.kv_policy + TELEMETRY_OFF, st.kv_policy
+    return "none", st.kv_policy
+
+
 def server_args(st: argparse.Namespace, arm: str, pool: int) -> list[str]:
-    vase = ["--kv-budget", str(st.kv_budget), "--kv-recent", str(st.kv_recent)]
-    vase += ["--kv-seed", str(st.kv_seed)] if st.kv_seed is not None else []
+    policy = arm.removesuffix(TELEMETRY_OFF)
+    evicting = ["--kv-budget", str(st.kv_budget), "--kv-recent", str(st.kv_recent)]
+    evicting += ["--kv-seed", str(st.kv_seed)] if st.kv_seed is not None else []
+    evicting += ["--kv-telemetry", "off"] if arm.endswith(TELEMETRY_OFF) else []
     # SGLang publishes its gauges at each decode log line: one per step, so the sampler sees every step.
     return ["--max-total-tokens", str(pool), "--max-running-requests", str(st.max_running_requests), "--enable-metrics",
-            "--decode-log-interval", "1", "--kv-policy", arm, *(vase if arm == "vase" else []), *st.server_args]
+            "--decode-log-interval", "1", "--kv-policy", policy, *(evicting if policy != "none" else []),
+            *st.server_args]
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -142,7 +165,8 @@ def sglang_bench(server: ServerProcess, st: argparse.Namespace, result: Path, wo
     return json.loads(lines[-1])
 
 
-def measure(server: ServerProcess, arm: str, pool: int, st: argparse.Namespace, logs: Path, workdir: Path) -> dict:
+def measure(server: ServerProcess, arm: str, pool: int, st: argparse.Namespace, logs: Path, workdir: Path,
+            round_index: int = 0) -> dict:
     before, samples, done = scrape(server.url), [], threading.Event()
 
     def sample() -> None:  # running requests and KV tokens in use are gauges: only polling sees their peaks
@@ -151,8 +175,9 @@ def measure(server: ServerProcess, arm: str, pool: int, st: argparse.Namespace, 
                 samples.append(scrape(server.url))
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
+    result = logs / (f"sglang-bench-{arm}-{pool}" + (f"-round{round_index}" if st.rounds > 1 else "") + ".jsonl")
     try:
-        b = sglang_bench(server, st, logs / f"sglang-bench-{arm}-{pool}.jsonl", workdir)
+        b = sglang_bench(server, st, result, workdir)
     finally:
         done.set()
         sampler.join()
@@ -166,7 +191,8 @@ def measure(server: ServerProcess, arm: str, pool: int, st: argparse.Namespace, 
                 if x.get("round_seconds_total") is not None), default=None)
     n = {"ttft": b["completed"], "tpot": sum(x > 1 for x in b["output_lens"]), "itl": sum(map(len, b["itls"]))}
     return {
-        "arm": arm, "pool": pool, "max_total_num_tokens": int(after.get("sglang:max_total_num_tokens", 0)),
+        "arm": arm, "pool": pool, "round": round_index,
+        "max_total_num_tokens": int(after.get("sglang:max_total_num_tokens", 0)),
         "requests": st.requests, "completed": st.requests - len(bad), "errors": len(bad), "error_messages": bad,
         "output_tokens": b["total_output_tokens"], "wall_s": b["duration"], "output_tok_s": b["output_throughput"],
         "running_peak": int(max(running, default=0)), "running_mean": sum(busy) / max(len(busy), 1),
@@ -176,18 +202,36 @@ def measure(server: ServerProcess, arm: str, pool: int, st: argparse.Namespace, 
         # The round cost in the same run as the decode steps it interrupts (each server runs one batch).
         "kv_policy_state": kv_policy, "round_seconds_total": secs,
         "round_share_of_wall": secs / b["duration"] if secs is not None else None,
-        "output_lens": b["output_lens"], "sglang_bench_result": str(logs / f"sglang-bench-{arm}-{pool}.jsonl"),
+        "output_lens": b["output_lens"], "sglang_bench_result": str(result),
         "server_cmd": shlex.join(server.cmd), "server_log": str(server.log_path), "server_pid": server.pgid,
     }
 
 
-def ratios(results: list[dict]) -> list[dict]:
-    """vase / none at each pool where both arms ran: output tokens/s and peak running requests."""
-    by = {(r["pool"], r["arm"]): r for r in results}
-    pools = [p for p in dict.fromkeys(r["pool"] for r in results) if (p, "none") in by and (p, "vase") in by]
-    keys = {"throughput_vase_over_none": "output_tok_s", "peak_running_vase_over_none": "running_peak"}
-    return [{"pool": p, **{name: by[p, "vase"][k] / by[p, "none"][k] if by[p, "none"][k] else None
-                           for name, k in keys.items()}} for p in pools]
+RATIO_KEYS = {"throughput": lambda r: r["output_tok_s"], "peak_running": lambda r: r["running_peak"],
+              "tpot_p50": lambda r: r["tpot_s"]["p50"], "itl_p50": lambda r: r["itl_s"]["p50"]}
+
+
+def ratios(results: list[dict], pair: tuple[str, str] = ("none", "vase")) -> list[dict]:
+    """compared / baseline at each pool where both arms ran: output tokens/s, peak running
+    requests, TPOT and ITL medians; with several rounds, each round's ratio and their median."""
+    base, other = pair
+    by = {(r["pool"], r["arm"], r.get("round", 0)): r for r in results}
+    out = []
+    for pool in dict.fromkeys(r["pool"] for r in results):
+        rounds = [k for k in sorted({r.get("round", 0) for r in results}) if (pool, base, k) in by
+                  and (pool, other, k) in by]
+        if not rounds:
+            continue
+        row: dict = {"pool": pool, "rounds": len(rounds)}
+        for name, get in RATIO_KEYS.items():
+            per_round = [get(by[pool, other, k]) / get(by[pool, base, k]) if get(by[pool, base, k]) else None
+                         for k in rounds]
+            valid = [x for x in per_round if x is not None]
+            row[f"{name}_{other}_over_{base}"] = statistics.median(valid) if valid else None
+            if len(rounds) > 1:
+                row[f"{name}_per_round"] = per_round
+        out.append(row)
+    return out
 
 
 def _f(x: float | None, fmt: str, scale: float = 1.0) -> str:
@@ -195,24 +239,29 @@ def _f(x: float | None, fmt: str, scale: float = 1.0) -> str:
 
 
 def format_table(results: list[dict], st: argparse.Namespace) -> str:
-    rat = {r["pool"]: r for r in ratios(results)}
-    rows = [["pool", "fits", "arm", "done/err", "out tok/s", "x none", "peak run", "x none", "mean run", "retract",
-             "peak KV", "round %", "TTFT p50/p99 s", "TPOT p50/p99 ms", "ITL p50/p99 ms"]]
+    base, other = arms(st)
+    rat = {r["pool"]: r for r in ratios(results, (base, other))}
+    rows = [["pool", "fits", "round", "arm", "done/err", "out tok/s", "x base", "peak run", "x base", "mean run",
+             "retract", "peak KV", "round %", "TTFT p50/p99 s", "TPOT p50/p99 ms", "ITL p50/p99 ms"]]
     for r in results:
-        x = rat.get(r["pool"]) if r["arm"] == "vase" else None
-        rows.append([str(r["pool"]), f"{(r['pool'] - POOL_SLACK) / (st.prompt_len + st.output_len):.1f}", r["arm"],
-                     f"{r['completed']}/{r['errors']}", _f(r["output_tok_s"], ".1f"),
-                     _f(x["throughput_vase_over_none"], ".2f") + "x" if x else "", str(r["running_peak"]),
-                     _f(x["peak_running_vase_over_none"], ".2f") + "x" if x else "", _f(r["running_mean"], ".2f"),
+        x = rat.get(r["pool"]) if r["arm"] == other and st.rounds == 1 else None
+        rows.append([str(r["pool"]), f"{(r['pool'] - POOL_SLACK) / (st.prompt_len + st.output_len):.1f}",
+                     str(r.get("round", 0)), r["arm"], f"{r['completed']}/{r['errors']}", _f(r["output_tok_s"], ".1f"),
+                     _f(x[f"throughput_{other}_over_{base}"], ".2f") + "x" if x else "", str(r["running_peak"]),
+                     _f(x[f"peak_running_{other}_over_{base}"], ".2f") + "x" if x else "", _f(r["running_mean"], ".2f"),
                      str(r["retractions"]), str(r["kv_tokens_peak"]), _f(r["round_share_of_wall"], ".1f", 100)]
                     + [f"{_f(r[k]['p50'], f, s)}/{_f(r[k]['p99'], f, s)}"
                        for k, f, s in (("ttft_s", ".3f", 1), ("tpot_s", ".2f", 1e3), ("itl_s", ".2f", 1e3))])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows] + [
-        "fits: full-cache requests; x none: vase / none at one pool; run, KV, retract: /metrics; round %: of wall"])
+    medians = [f"pool {r['pool']}: median over {r['rounds']} rounds of {other} / {base}: "
+               + ", ".join(f"{name} {_f(r[f'{name}_{other}_over_{base}'], '.3f')}x" for name in RATIO_KEYS)
+               for r in rat.values()]
+    return "\n".join(["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows] + medians + [
+        f"fits: full-cache requests; x base: {other} / {base} at one pool; run, KV, retract: /metrics; "
+        "round %: of wall"])
 
 
-def write_plot(results: list[dict], path: Path) -> str | None:
+def write_plot(results: list[dict], path: Path, pair: tuple[str, str]) -> str | None:
     """Writes the PNG; returns why it was skipped, or None."""
     try:
         import matplotlib.pyplot as plt  # falls back to Agg without a display
@@ -220,9 +269,10 @@ def write_plot(results: list[dict], path: Path) -> str | None:
         return "matplotlib is not installed: no plot written (pip install matplotlib to get serving_bench.png)"
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, label in zip(axes, ("output_tok_s", "running_peak"), ("output tokens/s", "peak running"), strict=True):
-        for arm, marker in zip(ARMS, "os", strict=True):
-            rs = sorted((r for r in results if r["arm"] == arm), key=lambda r: r["pool"])
-            ax.plot([r["pool"] for r in rs], [r[key] or 0 for r in rs], marker=marker, label=f"--kv-policy {arm}")
+        for arm, marker in zip(pair, "os", strict=True):
+            rs = sorted((r for r in results if r["arm"] == arm), key=lambda r: (r["pool"], r.get("round", 0)))
+            ax.plot([r["pool"] for r in rs], [r[key] or 0 for r in rs], marker=marker, linestyle="none",
+                    label=arm)
         ax.set(xlabel="KV pool (--max-total-tokens)", ylabel=label, ylim=(0, None))
         ax.legend()
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -231,22 +281,30 @@ def write_plot(results: list[dict], path: Path) -> str | None:
 
 
 def bench_pool(st: argparse.Namespace, model: str, pool: int, logs: Path, workdir: Path, results: list[dict]) -> None:
-    """Both arms at one pool: on CPU started together (start-up dominates), on a GPU one at a time (memory)."""
+    """Both arms at one pool: on CPU started together (start-up dominates) and kept up through every round
+    (each round runs the arms back to back); on a GPU one server at a time (memory), all its rounds at once."""
+    pair = arms(st)
     servers = [ServerProcess(f"{arm} (pool {pool})", model, server_args(st, arm, pool), st.device,
-                             logs / f"server-{arm}-{pool}.log", workdir) for arm in ARMS]
+                             logs / f"server-{arm}-{pool}.log", workdir) for arm in pair]
+    together = st.device == "cpu"
+    order = ([(k, i) for k in range(st.rounds) for i in range(len(pair))] if together
+             else [(k, i) for i in range(len(pair)) for k in range(st.rounds)])
     try:
-        for arm, server in zip(ARMS, servers, strict=True):
-            starting = [server] if st.device != "cpu" else servers if arm == ARMS[0] else []
+        for k, i in order:
+            arm, server = pair[i], servers[i]
+            starting = [s for s in (servers if together else [server]) if s.proc is None]
             for s in starting:
                 s.launch()
             for s in starting:
                 s.wait_healthy(time.monotonic() + st.startup_timeout)
-            r = measure(server, arm, pool, st, logs, workdir)
-            print(f"[pool {pool}] {arm}: {r['completed']}/{r['requests']} done, {r['output_tok_s']:.1f} out tok/s, "
+            r = measure(server, arm, pool, st, logs, workdir, k)
+            print(f"[pool {pool}{f', round {k}' if st.rounds > 1 else ''}] {arm}: {r['completed']}/{r['requests']} "
+                  f"done, {r['output_tok_s']:.1f} out tok/s, TPOT p50 {1e3 * r['tpot_s']['p50']:.2f} ms, "
                   f"peak {r['running_peak']} running, {r['retractions']} retractions, wall {r['wall_s']:.1f} s",
                   flush=True)
             results.append(r)
-            server.stop()
+            if not together and k == st.rounds - 1:
+                server.stop()
     finally:  # also on an error or SIGTERM: every server runs in its own process group, nothing else ends it
         stop_all(servers)
 
@@ -272,10 +330,10 @@ def run(st: argparse.Namespace) -> int:
     failures += [f"{r['arm']} server at pool {r['pool']} sized its pool to {r['max_total_num_tokens']}"
                  for r in results if r["max_total_num_tokens"] != r["pool"]]
     plot = out / "serving_bench.png"
-    skipped = write_plot(results, plot) if results else "no results to plot"
+    skipped = write_plot(results, plot, arms(st)) if results else "no results to plot"
     doc = {"benchmark": "vase_sglang.bench.serving", "command": command, "pool_slack": POOL_SLACK,
            "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(st).items()},
-           "results": results, "ratios": ratios(results), "failures": failures,
+           "arms": list(arms(st)), "results": results, "ratios": ratios(results, arms(st)), "failures": failures,
            "plot": None if skipped else str(plot), "plot_skipped": skipped}
     (out / "serving_bench.json").write_text(json.dumps(doc, indent=2) + "\n")
     print("\n" + format_table(results, st) if results else "")

@@ -15,8 +15,9 @@ it waits for the server to go idle and checks:
 * 0 KV slots in use once idle (no leak), 0 HTTP 5xx, the server never exited;
 * the ``/kv_policy`` payload stays the same size (bounded statistics).
 
-It writes ``soak.json`` (samples, Locust totals, the verdict) and ``soak.png`` (memory
-and slots over time) to ``--out`` and exits 1 when a check fails.
+It writes ``soak.json`` (samples, Locust totals, the eviction telemetry's distributions per
+scenario from the responses and the server's own totals from ``/kv_policy``, the verdict)
+and ``soak.png`` (memory and slots over time) to ``--out`` and exits 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -90,6 +91,17 @@ def _locust_totals(prefix: Path) -> dict[str, Any]:
     return totals
 
 
+def telemetry(server: ServerProcess, locust_file: Path) -> dict[str, Any]:
+    """The eviction telemetry of the run: the Locust mix's distributions per scenario (from
+    the responses) and the server's own totals per policy and budget (``/kv_policy``)."""
+    mix = json.loads(locust_file.read_text()) if locust_file.exists() else None
+    try:
+        fleet = requests.get(server.url + "/kv_policy", timeout=10).json().get("totals", {}).get("telemetry")
+    except (requests.RequestException, ValueError):
+        fleet = None
+    return {"locust_mix": mix, "server_totals": fleet}
+
+
 def _plot(samples: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -160,7 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                "-r", str(args.users), "-t", f"{args.duration}s", "--host", server.url, "--csv", str(prefix),
                "--only-summary", "--stop-timeout", "60", "--output-len", str(args.output_len),
                "--short-len", str(args.short_len), "--max-requests", str(args.max_requests),
-               "--tags", *TAGS]
+               "--telemetry-out", str(out / "telemetry.json"), "--tags", *TAGS]
         with open(out / "locust.log", "w") as log:
             subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=out, timeout=args.duration + 300)
         stop.set()
@@ -174,6 +186,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         totals = _locust_totals(prefix)
         result = {"command": " ".join(sys.argv), "duration_s": args.duration, "max_requests": args.max_requests,
                   "users": args.users, "locust": totals, "samples": samples, "idle": idle,
+                  "telemetry": telemetry(server, out / "telemetry.json"),
                   "verdict": verdict(samples, idle, totals, args.warmup, args.max_rss_growth_mib, alive)}
     finally:
         stop.set()
@@ -209,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result = run(args)
     v = result["verdict"]
-    print(json.dumps({"locust": {k: result["locust"][k] for k in ("requests", "failures", "http_5xx")}, **v}, indent=1))
+    print(json.dumps({"locust": {k: result["locust"][k] for k in ("requests", "failures", "http_5xx")},
+                      "telemetry": (result["telemetry"]["locust_mix"] or {}).get("all"), **v}, indent=1))
     return 0 if v["pass"] else 1
 
 

@@ -1,7 +1,9 @@
 """Accuracy under a KV budget: ``python -m vase_sglang.eval``.
 
 Runs a suite for every (policy, budget) arm and reports pass@1 over k samples, mean
-generated length, and the share of outputs that loop or never close ``</think>``.
+generated length, the share of outputs that loop (by the text definition, and by the
+server's own detector when it reports one) or never close ``</think>``, and the server's
+evicted attention and estimated KL (``--kv-telemetry``, ``--kv-calibration``).
 
     # the bundled model on CPU: launch one server per policy and budget
     python -m vase_sglang.eval --policies none,vase,streamingllm --budgets 512,256
@@ -208,7 +210,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             all_samples += [dict(s.record(), arm=arm.label, text=s.text) for s in samples]
             print(f"[{i + 1}/{len(arms)}] {arm.label}: pass@1 {100 * summary['pass@1']:.1f}% "
                   f"(± {100 * summary['pass@1_std_over_seeds']:.1f} over seeds), {summary['mean_tokens']:.0f} tokens, "
-                  f"loop {100 * summary['loop_share']:.1f}%, unclosed {100 * summary['unclosed_share']:.1f}%, "
+                  f"loop {100 * summary['loop_share']:.1f}%"
+                  + (f" (server's detector {100 * summary['served_loop_share']:.1f}%)"
+                     if summary["served_loop_share"] is not None else "")
+                  + f", unclosed {100 * summary['unclosed_share']:.1f}%, "
                   f"{summary['wall_s']:.0f} s", flush=True)
     except (EvalError, ServerError) as e:
         print(f"{PROG}: error: {str(e).splitlines()[0]}", file=sys.stderr)

@@ -8,11 +8,19 @@ from pathlib import Path
 from vase_sglang.eval.runner import Arm, Sample
 
 
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
 def summarize(arm: Arm, samples: list[Sample]) -> dict:
     """pass@1 over k samples (mean correctness), its spread over the sample seeds, mean
-    generated length, and the share of outputs that loop or never close </think>."""
+    generated length, the share of outputs that loop (by the text definition and by the
+    server's online detector, and how often the two agree) or never close </think>, and the
+    server's mean evicted attention and estimated KL."""
     seeds = sorted({s.seed for s in samples})
     per_seed = {seed: statistics.fmean(s.correct for s in samples if s.seed == seed) for seed in seeds}
+    served = [s for s in samples if s.served_loop is not None]
     return {
         "policy": arm.policy,
         "budget": arm.budget,
@@ -23,6 +31,10 @@ def summarize(arm: Arm, samples: list[Sample]) -> dict:
         "pass@1_std_over_seeds": statistics.pstdev(per_seed.values()) if len(per_seed) > 1 else 0.0,
         "mean_tokens": statistics.fmean(s.tokens for s in samples),
         "loop_share": statistics.fmean(s.loop for s in samples),
+        "served_loop_share": _mean([s.served_loop for s in served]),
+        "loop_agreement": _mean([s.served_loop == s.loop for s in served]),
+        "evicted_attention_mean": _mean([s.evicted_attention for s in samples]),
+        "estimated_kl_mean": _mean([s.estimated_kl for s in samples]),
         "unclosed_share": statistics.fmean(s.unclosed for s in samples),
         "truncated_share": statistics.fmean(s.finish_reason == "length" for s in samples),
     }
@@ -51,8 +63,10 @@ def markdown_table(results: list[dict], full_tokens: float | None) -> str:
             r = by_key.get((p, b)) or (by_key.get(("none", None)) if p == "none" else None)
             cells.append("-" if r is None else
                          f"{_pct(r['pass@1'])} ± {_pct(r['pass@1_std_over_seeds'])} "
-                         f"({r['mean_tokens']:.0f} tok, loop {_pct(r['loop_share'])}, "
-                         f"open {_pct(r['unclosed_share'])})")
+                         f"({r['mean_tokens']:.0f} tok, loop {_pct(r['loop_share'])}"
+                         + (f" / served {_pct(r['served_loop_share'])}" if r.get("served_loop_share") is not None
+                            else "")
+                         + f", open {_pct(r['unclosed_share'])})")
         lines.append(f"| {p} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -50,6 +50,10 @@ class Sample:
     unclosed: bool
     finish_reason: str | None
     text: str
+    # The server's own telemetry of the request (metadata.kv), None when it sends none.
+    served_loop: bool | None = None  # its online loop detector
+    evicted_attention: float | None = None  # mean over rounds
+    estimated_kl: float | None = None  # with --kv-calibration
 
     def record(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "text"}
@@ -104,8 +108,18 @@ def _one(client, model: str, problem: Problem, arm: Arm, seed: int, sampling: Sa
         raise EvalError(f"server rejected a {arm.label} request (HTTP {e.status_code}): {detail}") from None
     choice = r.choices[0]
     text = _output_text(choice.message)
+    kv = served_telemetry(r)
     return Sample(problem=problem.id, seed=seed, correct=problem.grade(text), tokens=r.usage.completion_tokens,
-                  loop=has_loop(text), unclosed=unclosed_think(text), finish_reason=choice.finish_reason, text=text)
+                  loop=has_loop(text), unclosed=unclosed_think(text), finish_reason=choice.finish_reason, text=text,
+                  served_loop=kv.get("kv_loop"), evicted_attention=kv.get("kv_evicted_attention"),
+                  estimated_kl=kv.get("kv_estimated_kl"))
+
+
+def served_telemetry(response) -> dict:
+    """The first choice's ``kv_*`` fields from the response's ``metadata.kv`` ({} without)."""
+    metadata = getattr(response, "metadata", None) or (response.model_extra or {}).get("metadata") or {}
+    kv = metadata.get("kv") if isinstance(metadata, dict) else None
+    return kv[0] if isinstance(kv, list) and kv and isinstance(kv[0], dict) else {}
 
 
 def run_arm(url: str, model: str, problems: list[Problem], arm: Arm, sampling: Sampling, concurrency: int,

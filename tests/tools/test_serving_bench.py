@@ -1,0 +1,45 @@
+"""The serving benchmark's arms and ratios without servers (``test_bench_serving`` runs it end to end)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vase_sglang.bench import serving
+
+
+def _st(*args: str):
+    parser = serving.build_parser()
+    return serving.resolve(parser.parse_args(["--device", "cpu", *args]), parser)
+
+
+def test_the_telemetry_comparison_runs_the_policy_with_telemetry_off_and_on() -> None:
+    st = _st("--compare", "telemetry", "--kv-policy", "streamingllm", "--rounds", "3")
+    off, on = serving.arms(st)
+    assert (off, on) == ("streamingllm-telemetry-off", "streamingllm")
+    flags_off, flags_on = serving.server_args(st, off, 1000), serving.server_args(st, on, 1000)
+    assert flags_off[flags_off.index("--kv-policy") + 1] == "streamingllm" == flags_on[flags_on.index("--kv-policy") + 1]
+    assert "--kv-telemetry" in flags_off and flags_off[flags_off.index("--kv-telemetry") + 1] == "off"
+    assert "--kv-telemetry" not in flags_on
+    assert serving.arms(_st()) == ("none", "vase")
+
+
+def _result(arm: str, k: int, tok_s: float, tpot: float) -> dict:
+    return {"arm": arm, "pool": 500, "round": k, "output_tok_s": tok_s, "running_peak": 4,
+            "tpot_s": {"p50": tpot}, "itl_s": {"p50": tpot}}
+
+
+def test_ratios_are_the_median_of_the_per_round_ratios() -> None:
+    results = [_result("vase-telemetry-off", 0, 100, 0.010), _result("vase", 0, 99, 0.0102),
+               _result("vase-telemetry-off", 1, 80, 0.012), _result("vase", 1, 90, 0.0126),
+               _result("vase-telemetry-off", 2, 100, 0.010), _result("vase", 2, 97, 0.0101)]
+    (r,) = serving.ratios(results, ("vase-telemetry-off", "vase"))
+    assert r["rounds"] == 3
+    assert r["tpot_p50_vase_over_vase-telemetry-off"] == pytest.approx(1.02)
+    assert r["throughput_vase_over_vase-telemetry-off"] == pytest.approx(0.99)
+    assert r["tpot_p50_per_round"] == pytest.approx([1.02, 1.05, 1.01])
+
+
+def test_a_compared_policy_of_none_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _st("--kv-policy", "none")
+    assert "the compared arm must evict" in capsys.readouterr().err
