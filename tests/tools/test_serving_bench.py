@@ -17,8 +17,11 @@ def test_the_telemetry_comparison_runs_the_policy_with_telemetry_off_and_on() ->
     off, on = serving.arms(st)
     assert (off, on) == ("streamingllm-telemetry-off", "streamingllm")
     flags_off, flags_on = serving.server_args(st, off, 1000), serving.server_args(st, on, 1000)
-    assert flags_off[flags_off.index("--kv-policy") + 1] == "streamingllm" == flags_on[flags_on.index("--kv-policy") + 1]
-    assert "--kv-telemetry" in flags_off and flags_off[flags_off.index("--kv-telemetry") + 1] == "off"
+    def flag(flags: list[str], name: str) -> str:
+        return flags[flags.index(name) + 1]
+
+    assert flag(flags_off, "--kv-policy") == "streamingllm" == flag(flags_on, "--kv-policy")
+    assert flag(flags_off, "--kv-telemetry") == "off"
     assert "--kv-telemetry" not in flags_on
     assert serving.arms(_st()) == ("none", "vase")
 
