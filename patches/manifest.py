@@ -88,8 +88,8 @@ MANIFEST: tuple[Target, ...] = (
            "bound the drain after SIGTERM: abort what still runs after VASE_SGLANG_DRAIN_TIMEOUT, then SGLang's "
            "own clean shutdown", ("self",)),
     Target("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", AROUND, "main",
-           "our meta_info values are scalars, not per-token lists",
-           ("self", "meta_info", "state", "customized_info", "index", "finish_reason")),
+           "our meta_info values are scalars, not per-token lists; a request's last kv_* fields are kept for its "
+           "OpenAI stream's final chunk", ("self", "meta_info", "state", "customized_info", "index", "finish_reason")),
     Target("sglang.srt.entrypoints.http_server.launch_server", BEFORE, "main",
            "add GET /kv_policy to the app",
            ("server_args", "init_tokenizer_manager_func", "run_scheduler_process_func",
@@ -178,8 +178,8 @@ MANIFEST: tuple[Target, ...] = (
            expect="class"),
     # ---- scheduler: output -----------------------------------------------------------------
     Target("sglang.srt.managers.scheduler.Scheduler.get_output_streamer_class", REPLACE, "scheduler",
-           "send kv_region_len, kv_evicted_tokens and kv_eviction_rounds with every output "
-           "(a subclass of SGLang's streamer, not a copy)", ("self",)),
+           "send the kv_* fields (counters, policy, telemetry) with every output; count a finished request's "
+           "telemetry once (a subclass of SGLang's streamer, not a copy)", ("self",)),
     Target("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
            ".get_internal_state", AFTER, "scheduler", "live totals for GET /kv_policy", ("self", "recv_req")),
 )

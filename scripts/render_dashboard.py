@@ -45,8 +45,9 @@ def query_range(url: str, expr: str, start: float, end: float, step: float) -> l
 
 
 def render(dashboard: dict, url: str, start: float, end: float, step: float, rate_interval: str, policy: str,
-           out: Path) -> list[str]:
-    """Draw every panel; returns the targets that answered with no series."""
+           out: Path, data: list[dict] | None = None) -> list[str]:
+    """Draw every panel; returns the targets that answered with no series. ``data``, when
+    given, receives every target's query and the series it answered."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,6 +65,8 @@ def render(dashboard: dict, url: str, start: float, end: float, step: float, rat
         for target in p.get("targets", []):
             expr = substitute(target["expr"], rate_interval, policy)
             series = query_range(url, expr, start, end, step)
+            if data is not None:
+                data.append({"panel": p["title"], "expr": expr, "series": series})
             if not series:
                 empty.append(f"{p['title']}: {expr}")
             for s in series:
@@ -97,13 +100,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate-interval", default="2m", help="what $__rate_interval stands for (2m)")
     p.add_argument("--policy", default=".*", help="the $policy variable, a regex (all)")
     p.add_argument("--out", type=Path, required=True, help="the PNG to write")
+    p.add_argument("--data-out", type=Path, default=None, help="also write every query and its series (JSON)")
     args = p.parse_args(argv)
     if args.end <= args.start:
         p.error("--end must be after --start")
     dashboard = json.loads(args.dashboard.read_text())
+    data: list[dict] = []
     empty = render(dashboard, args.prometheus, args.start, args.end, args.step, args.rate_interval, args.policy,
-                   args.out)
-    print(f"wrote {args.out}: {len(dashboard['panels'])} panels")
+                   args.out, data)
+    if args.data_out is not None:
+        args.data_out.parent.mkdir(parents=True, exist_ok=True)
+        args.data_out.write_text(json.dumps({"prometheus": args.prometheus, "start": args.start, "end": args.end,
+                                             "step": args.step, "rate_interval": args.rate_interval,
+                                             "targets": data}, indent=1) + "\n")
+    print(f"wrote {args.out}: {len(dashboard['panels'])} panels, {len(data)} queries, "
+          f"{sum(1 for d in data if d['series'])} answered with data")
     for e in empty:
         print(f"render_dashboard: no series for {e}", file=sys.stderr)
     return 1 if empty else 0

@@ -29,7 +29,17 @@ from support.regions import random_regions
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vase_sglang.config import PolicyConfig
-from vase_sglang.kernels import _common, compact, cur, ops, reference, select, value_stat, window_attention
+from vase_sglang.kernels import (
+    _common,
+    compact,
+    cur,
+    evicted_mass,
+    ops,
+    reference,
+    select,
+    value_stat,
+    window_attention,
+)
 from vase_sglang.plugin.scheduler import (
     VaseScheduler,
     policies_for,
@@ -39,7 +49,7 @@ from vase_sglang.plugin.scheduler import (
 )
 from vase_sglang.policies import POLICIES, Regions, RoundShape, make_policy
 
-KERNEL_MODULES = (compact, cur, select, value_stat, window_attention)
+KERNEL_MODULES = (compact, cur, evicted_mass, select, value_stat, window_attention)
 # bf16 operands (tensor cores on a GPU) against the fp32 reference on the same bf16 data.
 BF16_RTOL, BF16_ATOL = 3e-2, 1e-4
 
@@ -213,12 +223,14 @@ ROUND_SHAPES = {
 }
 
 
+@pytest.mark.parametrize("measure", [False, True], ids=["plain", "telemetry"])
 @pytest.mark.parametrize("shape_id", list(ROUND_SHAPES))
 @pytest.mark.parametrize("policy", sorted(n for n, c in POLICIES.items() if c.evicts) + ["vase/outlier_factor"])
-def test_round_temporaries_fit_the_reserved_workspace(policy: str, shape_id: str,
+def test_round_temporaries_fit_the_reserved_workspace(policy: str, shape_id: str, measure: bool,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A round's peak live bytes (scores, noise, selection and scratch, not only the query
-    ring) stay within ``workspace_bytes``, so none of it comes out of memory the KV pool holds."""
+    ring; with the telemetry, its window attention and evicted mass too) stay within
+    ``workspace_bytes``, so none of it comes out of memory the KV pool holds."""
     n_req, layers, kv_heads, group, dim, dtype, budget, recent = ROUND_SHAPES[shape_id]
     name, _, outliers = policy.partition("/")
     cfg = PolicyConfig(policy=name, budget=budget, recent=recent, outlier_factor=3.0 if outliers else None)
@@ -233,12 +245,12 @@ def test_round_temporaries_fit_the_reserved_workspace(policy: str, shape_id: str
     pol = make_policy(cfg, backend="triton")
     mode = _LiveBytes()
     with _untracked_launches(mode, monkeypatch, run=shape_id == "tiny"), mode:
-        keep = pol.select(regions)
-        ops.compact(regions.k_buf, regions.v_buf, regions.slots, keep, backend="triton")
-        del keep
+        selection = pol.selection(regions, measure=measure)
+        ops.compact(regions.k_buf, regions.v_buf, regions.slots, selection.keep, backend="triton")
+        del selection
     shape = RoundShape(n_req=n_req, n_layers=layers, q_heads=kv_heads * group, kv_heads=kv_heads, head_dim=dim,
                        itemsize=torch.tensor([], dtype=dtype).element_size())
-    reserved = pol.workspace_bytes(shape)
+    reserved = pol.workspace_bytes(shape, measure)
     assert mode.peak > 0
     assert mode.peak <= reserved, f"{policy}: a round allocated {mode.peak} bytes, {reserved} reserved"
 
@@ -275,6 +287,7 @@ def test_warm_up_launches_every_variant_requests_reach(monkeypatch: pytest.Monke
         if rng.random() < 0.3 and cfg.large:
             cfg = cfg.replace(n_large=rng.randrange(0, cfg.budget - cfg.recent - cfg.sinks + 1))
         r = random_regions(cfg, n_req=rng.randrange(1, 4), n_layers=layers, kv_heads=heads, group=2, head_dim=dim)
-        keep = make_policy(cfg, backend="triton").select(r)
+        # The scheduler measures every round (telemetry on by default): so does this one.
+        keep = make_policy(cfg, backend="triton").selection(r, measure=sched.measures).keep
         ops.compact(r.k_buf, r.v_buf, r.slots, keep, backend="triton")
     assert set(_common.LAUNCHED) <= warmed, sorted(set(_common.LAUNCHED) - warmed)

@@ -183,6 +183,7 @@ def test_calibrate_end_to_end_on_the_bundled_model(tmp_path) -> None:
     assert all(row[e - 1] == eos and eos not in row[: e - 1] for row, e in zip(tokens, ends, strict=True))
     assert (out / "calibration.md").read_text().startswith("# Calibration of `chain-qwen3`")
     assert (out / "calibration.png").stat().st_size > 10_000
+    _check_telemetry(cal, out)
     # Resumable: a rerun finds everything done and writes the same recommendation.
     again = calibrate(*args, cwd=tmp_path)
     assert again.returncode == 0 and "(0 to run)" in again.stdout
@@ -190,6 +191,37 @@ def test_calibrate_end_to_end_on_the_bundled_model(tmp_path) -> None:
     # Other settings in the same folder: refused, not mixed.
     other = calibrate(*[a if a != "0.8" else "0.5" for a in args], cwd=tmp_path)
     assert other.returncode == 2 and "holds a calibration with other settings" in other.stderr
+
+
+def _check_telemetry(cal: dict, out: Path) -> None:
+    """The signal beside the KL, per request, and the mappings a server loads from the file."""
+    from vase_sglang.plugin.auto import load_estimator
+    from vase_sglang.telemetry import STATISTICS, KLMapping
+
+    tel = cal["telemetry"]
+    assert tel["statistic"] in STATISTICS and tel["scope"] in ("model", "per_config")
+    for b in ("64", "256"):
+        assert set(tel["points"][b]) == set(analysis.CANDIDATES)
+        for pts in tel["points"][b].values():
+            n = len(pts["kl"])
+            assert n > 0 and len(pts["evicted_attention"]) == len(pts["prompt"]) == len(pts["seed"]) == n
+            assert pts["evicted_attention"] == pts["statistics"][tel["statistic"]]
+            assert all(0 <= x for x in pts["evicted_attention"]) and all(k >= 0 for k in pts["kl"])
+    assert tel["spearman"][tel["statistic"]]["pooled"] is not None
+    assert {"per_config", "model", "pair_exposure", "pair_mean", "model_mean"} <= set(tel["held_out"])
+    # The file round-trips: the server's estimator predicts what the stored fits predict.
+    estimator = load_estimator(str(out / "calibration.json"))
+    assert estimator is not None and estimator.statistic == tel["statistic"]
+    model = KLMapping.from_dict(tel["fits"]["model"])
+    assert estimator.model == KLMapping(model.x, model.y, model.label, model.points)
+    for fit in tel["fits"]["per_config"]:
+        mapping = KLMapping.from_dict(fit["mapping"])
+        changes = analysis.CANDIDATES[fit["policy"]]
+        served = estimator.mapping_for(changes["policy"], changes.get("outlier_factor"), fit["budget"])
+        expected = mapping if tel["scope"] == "per_config" else model
+        assert [served(x) for x in (0.0, 0.05, 0.3, 2.0)] == [expected(x) for x in (0.0, 0.05, 0.3, 2.0)]
+    assert "## Telemetry: does the evicted attention predict the KL?" in (out / "calibration.md").read_text()
+    assert (out / "telemetry.png").stat().st_size > 10_000
 
 
 @pytest.mark.parametrize(("args", "needle"), [
