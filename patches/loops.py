@@ -31,8 +31,8 @@ def _finish_loop_class() -> type:
         def to_json(self) -> dict[str, Any]:
             # "matched" None: the detokenizer trims nothing; the text shows the loop.
             return {"type": "stop", "matched": None,
-                    "kv_loop": {"start": self.loop.start, "period_tokens": self.loop.period,
-                                "phrase_chars": self.loop.chars, "detected_at": self.loop.detected_at}}
+                    "kv_loop": {"start": self.loop.start, "phrase_tokens": self.loop.phrase_tokens,
+                                "phrase_chars": self.loop.phrase_chars, "detected_at": self.loop.detected_at}}
 
     return FINISH_LOOP
 

@@ -81,8 +81,9 @@ def render(dashboard: dict, url: str, start: float, end: float, step: float, rat
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
         if ax.lines:
-            ax.legend(fontsize=6, ncol=2, loc="upper left", framealpha=0.6)
-    fig.suptitle(f"{dashboard['title']}  (rendered from Prometheus by scripts/render_dashboard.py)", fontsize=12)
+            ax.legend(fontsize=5, ncol=3, loc="upper left", framealpha=0.5)
+    fig.suptitle(f"{dashboard['title']}  (rendered from Prometheus by scripts/render_dashboard.py)", fontsize=12,
+                 y=0.93)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90, bbox_inches="tight")
     plt.close(fig)

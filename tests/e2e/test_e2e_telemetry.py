@@ -5,7 +5,8 @@ calibration's KL mappings, metrics on, the planted-loop logit processor allowed)
   policy that scores with the window queries and for one that reads none;
 * ``kv_estimated_kl`` is the calibration's mapping of the signal (per pair, or model-wide);
 * a planted loop is found at its first token, and ``kv_stop_on_loop`` ends the request
-  at the last token of its fifth copy; an output without a loop is not flagged;
+  where its first phrase of 10 characters completes its fifth occurrence; an output
+  without a loop is not flagged;
 * the OpenAI routes carry the fields (``metadata.kv``), streaming or not;
 * ``/kv_policy`` and ``/metrics`` hold the fleet view, and the Grafana dashboard's every
   query names a series this server exports.
@@ -78,13 +79,15 @@ def test_the_estimate_is_the_calibrations_mapping_of_the_signal(telemetry_server
     assert (short["kv_eviction_rounds"], short["kv_estimated_kl"]) == (0, 0.0)
 
 
-def _phrase(tiny_model) -> list[int]:
+def _phrase(tiny_model) -> tuple[list[int], int]:
+    """The planted phrase's tokens, and the tokens of its shortest prefix of at least 10
+    characters: repeated, that prefix is the first phrase to occur 5 times."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     ids = tok.encode(" kv cache token decode", add_special_tokens=False)
     assert 10 <= len(tok.decode(ids)) <= 40 and len(set(ids)) == len(ids)
-    return ids
+    return ids, next(k for k in range(1, len(ids) + 1) if len(tok.decode(ids[:k])) >= 10)
 
 
 def _planted(server, plan: list[int], max_new: int, **custom) -> dict:
@@ -100,7 +103,7 @@ START = 37  # output tokens before the planted loop: distinct, so no loop of the
 
 
 def test_a_planted_loop_is_found_at_its_first_token(telemetry_server, tiny_model) -> None:
-    phrase = _phrase(tiny_model)
+    phrase, _ = _phrase(tiny_model)
     plan = list(range(100, 100 + START)) + phrase * 60
     out = _planted(telemetry_server, plan, 200)
     meta = out["meta_info"]
@@ -111,17 +114,17 @@ def test_a_planted_loop_is_found_at_its_first_token(telemetry_server, tiny_model
     assert clean["kv_loop"] is False and clean["kv_loop_start"] == -1
 
 
-def test_stop_on_loop_ends_the_request_at_the_fifth_copy(telemetry_server, tiny_model) -> None:
-    phrase = _phrase(tiny_model)
+def test_stop_on_loop_ends_the_request_at_the_fifth_occurrence(telemetry_server, tiny_model) -> None:
+    phrase, first = _phrase(tiny_model)
     plan = list(range(100, 100 + START)) + phrase * 60
     out = _planted(telemetry_server, plan, 200, kv_stop_on_loop=True)
     meta = out["meta_info"]
-    detected = START + 5 * len(phrase) - 1
+    detected = START + 4 * len(phrase) + first - 1  # the 5th copy of the phrase's first 10 characters
     assert meta["completion_tokens"] == detected + 1
     assert meta["finish_reason"]["type"] == "stop"
-    assert meta["finish_reason"]["kv_loop"] == {"start": START, "period_tokens": len(phrase),
-                                                "phrase_chars": meta["finish_reason"]["kv_loop"]["phrase_chars"],
-                                                "detected_at": detected}
+    loop = meta["finish_reason"]["kv_loop"]
+    assert (loop["start"], loop["phrase_tokens"], loop["detected_at"]) == (START, first, detected)
+    assert 10 <= loop["phrase_chars"] <= 40
     # The same through the OpenAI completions route: a plain "stop" there.
     body = {"model": "default", "prompt": "hi", "max_tokens": 200, "temperature": 0,
             "custom_logit_processor": plant_processor(),

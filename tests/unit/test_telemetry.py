@@ -43,7 +43,13 @@ def _looping(prefix: list[int], phrase: list[int], copies: int, suffix: list[int
     return [*prefix, *(phrase * copies), *suffix]
 
 
-def test_a_planted_loop_is_found_where_its_fifth_copy_ends() -> None:
+def _first_phrase(phrase: list[int]) -> int:
+    """Tokens of the phrase's shortest prefix of at least 10 characters: in a repeated phrase,
+    the first n-gram whose 5th occurrence completes."""
+    return next(k for k in range(1, len(phrase) + 1) if len(text_of(phrase[:k])) >= 10)
+
+
+def test_a_planted_loop_is_found_at_the_fifth_occurrence_of_its_first_phrase() -> None:
     rng = random.Random(0)
     prefix = [rng.randrange(len(WORDS)) for _ in range(57)]
     phrase = [10, 11, 12, 13, 14]  # "Wait, let me check again": 24 characters
@@ -51,10 +57,11 @@ def test_a_planted_loop_is_found_where_its_fifth_copy_ends() -> None:
     det = LoopDetector(text_of)
     found_after = next(n for n, t in enumerate(tokens) if det.feed([t]) is not None)
     loop = det.loop
-    # Found at the last token of the 5th copy, starting at the 1st (the prefix may end with
-    # part of the phrase, which only moves the start earlier).
-    assert loop is not None and found_after == len(prefix) + 5 * len(phrase) - 1 == loop.detected_at
-    assert loop.start <= len(prefix) and loop.period == len(phrase) and loop.chars == 24
+    first = _first_phrase(phrase)  # "Wait, let me": 12 characters, 3 tokens
+    # Found in the 5th copy, once "Wait, let me" has occurred 5 times; it starts at the 1st
+    # copy (or earlier, if the random prefix happens to hold the phrase).
+    assert loop is not None and found_after == len(prefix) + 4 * len(phrase) + first - 1 == loop.detected_at
+    assert loop.start <= len(prefix) and (loop.phrase_tokens, loop.phrase_chars) == (first, 12)
     assert det.feed(tokens) is None and det.loop == loop  # reported once
 
 
@@ -64,17 +71,17 @@ def test_a_short_phrase_must_repeat_as_a_phrase_of_ten_characters() -> None:
     assert det.feed([1] * 24) is None
     loop = det.feed([1])
     assert loop is not None and loop.detected_at == 24 and loop.start == 0
-    # A repeated unit of 43 characters: its 10-40 character pieces recur once per copy.
-    unit = [19, 13, 14, 19, 13, 14, 16]  # " zzzzzzz check again" twice and " 42"
+    # A repeated unit longer than 40 characters: its pieces of 10-40 characters repeat.
+    unit = [19, 13, 14, 19, 13, 14, 16]  # " zzzzzzz check again" twice and " 42": 43 characters
     assert len(text_of(unit)) == 43
     loop = LoopDetector(text_of).feed(unit * 20)
-    assert loop is not None and (loop.period, loop.detected_at) == (7, 5 * 7 - 1)
-    assert find_text_loop(text_of(unit * 5)) is not None
-    # A unit of more than 100 characters cannot repeat 5 times in the last 500: no token loop
-    # (its pieces recur with other text between them, which only the text definition counts).
-    long_unit = [*unit, *unit, 9, 17, 18, 15, 19, 13, 14]  # 112 characters, no shorter period
-    assert len(text_of(long_unit)) == 112
-    assert LoopDetector(text_of).feed(long_unit * 20) is None
+    assert loop is not None and find_text_loop(text_of((unit * 20)[: loop.detected_at + 1])) is not None
+    # A phrase that recurs with other text between its occurrences is a loop too.
+    spaced = [19, 13, 14, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 17, 18, 16]
+    loop = LoopDetector(text_of).feed(spaced * 5)
+    assert loop is not None and loop.start == 0 and find_text_loop(text_of(spaced * 5)) is not None
+    # Blanks are not a phrase.
+    assert LoopDetector(text_of).feed([9] * 200) is None and find_text_loop("\n" * 200) is None
 
 
 def test_ordinary_outputs_are_not_loops() -> None:
@@ -188,7 +195,8 @@ def test_stop_on_loop_per_request_overrides_the_server() -> None:
             loop = sched.after_tokens(r, 1)
             if loop is not None:
                 stops.setdefault(r.rid, (step, loop))
-    assert list(stops) == ["s"] and stops["s"][0] == 5 * len(phrase) - 1 and stops["s"][1].start == 0
+    found = 4 * len(phrase) + _first_phrase(phrase) - 1  # the 5th "Wait, let me"
+    assert list(stops) == ["s"] and stops["s"][0] == found and stops["s"][1].start == 0
     assert sched.state(going_on).telemetry.loop is not None  # detected, not stopped
     assert sched.telemetry_report(going_on).loop_start == 0
 

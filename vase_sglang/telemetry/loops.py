@@ -5,40 +5,36 @@ repeated at least 5 times in the last 500 characters. ``find_text_loop`` applies
 finished text: some phrase of ``min_chars``..``max_chars`` characters (not only blanks)
 occurs ``repeats`` times, without overlap, in the last ``window`` characters.
 
-``LoopDetector`` is its online, token-level form, run on every generated token: a model
-that loops emits the same tokens again. It tracks, for every period p of at most
-``max_period`` tokens, how many of the newest tokens equal the token p before them (only
-the periods at which the new token occurred before are touched, so a token costs as
-much as it has recent occurrences). In a stretch that repeats a p-token phrase of c
-characters, every 10-character piece recurs once per copy, so the text definition holds
-once the stretch holds 5 copies of the phrase, or, for c < 10, of its smallest multiple of
-at least 10 characters; and 5 such copies fit in the last 500 characters only when each is
-at most 100 characters (``window // repeats``). The phrase is decoded once per period and
-run (the only tokenizer call) to get c. Without a tokenizer each token counts as one
-character. What it does not flag: a phrase that recurs with other text between its
-occurrences, which the text definition counts (docs/telemetry.md measures how often the two
-disagree on real outputs).
+``LoopDetector`` applies it online, on tokens, at every generated token: the phrases are
+the token n-grams that end at the newest token and decode to 10-40 characters, each
+counted over its non-overlapping occurrences that start in the last 500 characters. The
+first time one reaches 5, the output loops, and its first counted occurrence is where the
+loop starts. An n-gram is identified by a rolling hash, so a token costs one dictionary
+update per n-gram of at most 40 characters that ends at it (about ten for English text).
+Token counts stand in for characters through each token's decoded length, looked up once
+per distinct token; a candidate phrase is decoded whole before it counts (the only other
+tokenizer call). What it can miss: a phrase whose occurrences are tokenized differently
+(a merge across its edge), which the text definition still counts (docs/telemetry.md
+gives the agreement on real outputs). Without a tokenizer each token counts as one character.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 MIN_CHARS, MAX_CHARS, REPEATS, WINDOW_CHARS = 10, 40, 5, 500
-MAX_PERIOD = 100  # tokens: a unit of at most 100 characters has at most 100 tokens
 
 
 @dataclass(frozen=True)
 class Loop:
-    """Where a loop starts (0-based output token of its first copy), its phrase length in
-    tokens and characters, and the output token at which it was detected."""
+    """Where a loop starts (0-based output token of the phrase's first counted occurrence),
+    the phrase's length in tokens and characters, and the output token at which it was found."""
 
     start: int
-    period: int
-    chars: int
+    phrase_tokens: int
+    phrase_chars: int
     detected_at: int
 
 
@@ -61,21 +57,26 @@ def find_text_loop(text: str, min_chars: int = MIN_CHARS, max_chars: int = MAX_C
     return None
 
 
+_HASH_MOD = (1 << 61) - 1
+_HASH_BASE = 1_000_003
+
+
 class LoopDetector:
     """Feed it a request's output tokens as they come; ``loop`` is set at the first loop."""
 
     def __init__(self, text_of: Callable[[Sequence[int]], str] | None = None, min_chars: int = MIN_CHARS,
-                 repeats: int = REPEATS, window: int = WINDOW_CHARS, max_period: int = MAX_PERIOD):
-        if not 1 <= min_chars <= window // repeats or repeats < 2 or max_period < 1:
-            raise ValueError("need 1 <= min_chars <= window // repeats, repeats >= 2 and max_period >= 1")
+                 max_chars: int = MAX_CHARS, repeats: int = REPEATS, window: int = WINDOW_CHARS):
+        if not 1 <= min_chars <= max_chars or repeats < 2 or window < repeats * min_chars:
+            raise ValueError("need 1 <= min_chars <= max_chars, repeats >= 2 and window >= repeats * min_chars")
         self.text_of = text_of
-        self.min_chars, self.repeats, self.max_period = min_chars, repeats, max_period
-        self.max_unit = window // repeats  # characters one repeated unit may have
+        self.min_chars, self.max_chars, self.repeats, self.window = min_chars, max_chars, repeats, window
         self.loop: Loop | None = None
-        self._tail: deque[int] = deque(maxlen=max_period)  # the newest tokens
-        self._seen_at: dict[int, deque[int]] = {}  # token -> its indices among the newest max_period
-        self._runs: dict[int, int] = {}  # period -> newest tokens equal to the token that period earlier
-        self._needed: dict[int, int | None] = {}  # period -> run that makes a loop (None: never), this run
+        # The newest tokens, as (token, characters, characters before it in the output).
+        self._recent: deque[tuple[int, int, int]] = deque()
+        self._chars_of: dict[int, int] = {}  # token -> its decoded length
+        # n-gram (n, hash) -> its counted occurrences: (first character, first token, last token)
+        self._seen: dict[tuple[int, int], deque[tuple[int, int, int]]] = {}
+        self._chars = 0  # characters of the output so far
         self._index = 0  # tokens fed
 
     def feed(self, tokens: Sequence[int]) -> Loop | None:
@@ -88,42 +89,56 @@ class LoopDetector:
                 return self.loop
         return None
 
+    def _token_chars(self, token: int) -> int:
+        chars = self._chars_of.get(token)
+        if chars is None:
+            chars = self._chars_of[token] = len(self.text_of([token])) if self.text_of is not None else 1
+        return chars
+
     def _step(self, token: int) -> None:
-        index, oldest = self._index, self._index - self.max_period
-        seen = self._seen_at.setdefault(token, deque())
-        while seen and seen[0] < oldest:
-            seen.popleft()
-        runs = {index - at: self._runs.get(index - at, 0) + 1 for at in seen}
-        self._needed = {p: n for p, n in self._needed.items() if p in runs}
-        self._runs = runs
-        self._tail.append(token)
-        seen.append(index)
+        index, chars = self._index, self._token_chars(token)
+        self._recent.append((token, chars, self._chars))
+        self._chars += chars
         self._index += 1
-        if index % self.max_period == 0:  # forget tokens that left the window
-            self._seen_at = {t: d for t, d in self._seen_at.items() if d and d[-1] >= oldest}
-        for p in sorted(runs):
-            if runs[p] >= (self.repeats - 1) * p and self._closes_loop(p, index):
+        oldest = self._chars - self.window  # occurrences must start at or after this character
+        while self._recent and self._recent[0][2] < oldest - self.max_chars:
+            self._recent.popleft()
+        if index % 512 == 511:  # forget phrases whose every occurrence left the window
+            self._seen = {k: v for k, v in self._seen.items() if v and v[-1][0] >= oldest}
+        digest, power, length = 0, 1, 0
+        for n, (tok, tok_chars, start_char) in enumerate(reversed(self._recent), 1):
+            length += tok_chars
+            if length > self.max_chars or start_char < oldest:
+                break
+            digest = (digest + tok * power) % _HASH_MOD
+            power = power * _HASH_BASE % _HASH_MOD
+            if length >= self.min_chars and self._count(n, digest, start_char, index) and self._is_loop(n, index):
                 return
 
-    def _closes_loop(self, p: int, index: int) -> bool:
-        phrase = list(self._tail)[-p:]
-        if p not in self._needed:
-            self._needed[p] = self._run_needed(p, phrase)
-        needed = self._needed[p]
-        if needed is None or self._runs[p] < needed:
+    def _count(self, n: int, digest: int, start_char: int, index: int) -> bool:
+        """Record an occurrence of the n-gram ending at ``index``; True when it reaches ``repeats``."""
+        occurrences = self._seen.setdefault((n, digest), deque())
+        while occurrences and occurrences[0][0] < self._chars - self.window:
+            occurrences.popleft()
+        first = index - n + 1
+        if occurrences and occurrences[-1][2] >= first:
+            return False  # overlaps the last counted occurrence
+        occurrences.append((start_char, first, index))
+        return len(occurrences) >= self.repeats
+
+    def _is_loop(self, n: int, index: int) -> bool:
+        phrase = [tok for tok, _, _ in list(self._recent)[-n:]]
+        text = self.text_of(phrase) if self.text_of is not None else "x" * n
+        if not self.min_chars <= len(text) <= self.max_chars or text.isspace():
             return False
-        self.loop = Loop(start=index - self._runs[p] - p + 1, period=p, chars=self._chars(phrase), detected_at=index)
+        first = self._seen[n, self._digest(phrase)][0]
+        self.loop = Loop(start=first[1], phrase_tokens=n, phrase_chars=len(text), detected_at=index)
         return True
 
-    def _run_needed(self, p: int, phrase: list[int]) -> int | None:
-        """Run length at which a p-token phrase of this text length is a loop (None: never)."""
-        chars = self._chars(phrase)
-        if chars <= 0:
-            return None
-        multiple = math.ceil(self.min_chars / chars)
-        if multiple * chars > self.max_unit:
-            return None
-        return (self.repeats * multiple - 1) * p
-
-    def _chars(self, phrase: list[int]) -> int:
-        return len(self.text_of(phrase)) if self.text_of is not None else len(phrase)
+    @staticmethod
+    def _digest(phrase: list[int]) -> int:
+        digest, power = 0, 1
+        for tok in reversed(phrase):
+            digest = (digest + tok * power) % _HASH_MOD
+            power = power * _HASH_BASE % _HASH_MOD
+        return digest
