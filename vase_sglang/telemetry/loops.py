@@ -5,15 +5,16 @@ repeated at least 5 times in the last 500 characters. ``find_text_loop`` applies
 finished text: some phrase of ``min_chars``..``max_chars`` characters (not only blanks)
 occurs ``repeats`` times, without overlap, in the last ``window`` characters.
 
-``LoopDetector`` applies it online, on tokens, at every generated token: the phrases are
-the token n-grams that end at the newest token and decode to 10-40 characters, each
-counted over its non-overlapping occurrences that start in the last 500 characters. The
-first time one reaches 5, the output loops, and its first counted occurrence is where the
-loop starts. An n-gram is identified by a rolling hash, so a token costs one dictionary
-update per n-gram of at most 40 characters that ends at it (about ten for English text).
-Token counts stand in for characters through each token's decoded length, looked up once
-per distinct token; a candidate phrase is decoded whole before it counts (the only other
-tokenizer call). What it can miss: a phrase whose occurrences are tokenized differently
+``LoopDetector`` applies it online, on tokens, at every generated token. It needs only one
+phrase per token: the shortest run of tokens ending at the new token that decodes to at
+least 10 characters. Every occurrence of a looping phrase of 10-40 characters ends with
+such a run (the phrase's shortest suffix of 10 characters, token-aligned; which run is
+shortest depends only on its own tokens), so that run occurs, without overlap, as often
+as the phrase does; the output loops when one run has 5 non-overlapping occurrences
+starting in the last 500 characters, and its first counted occurrence is where the loop
+starts. A run is identified by a rolling hash of its tokens, so a token costs a few
+additions and one dictionary update. Each distinct token is decoded once for its length; a
+candidate phrase is decoded whole before it counts (the only other tokenizer call). What it can miss: a phrase whose occurrences are tokenized differently
 (a merge across its edge), which the text definition still counts (docs/telemetry.md
 gives the agreement on real outputs). Without a tokenizer each token counts as one character.
 """
@@ -108,11 +109,11 @@ class LoopDetector:
         digest, power, length = 0, 1, 0
         for n, (tok, tok_chars, start_char) in enumerate(reversed(self._recent), 1):
             length += tok_chars
-            if length > self.max_chars or start_char < oldest:
-                break
             digest = (digest + tok * power) % _HASH_MOD
             power = power * _HASH_BASE % _HASH_MOD
-            if length >= self.min_chars and self._count(n, digest, start_char, index) and self._is_loop(n, index):
+            if length >= self.min_chars:  # the shortest run of at least min_chars ending here
+                if length <= self.max_chars and start_char >= oldest and self._count(n, digest, start_char, index):
+                    self._is_loop(n, index)
                 return
 
     def _count(self, n: int, digest: int, start_char: int, index: int) -> bool:
