@@ -10,8 +10,9 @@ Per pool (``--max-total-tokens``, equal for both arms) one server per arm with `
 TPOT / ITL from its result; running requests, KV tokens in use and retractions from ``/metrics`` sampled every 0.2 s;
 time in eviction rounds from ``GET /kv_policy``. ``--compare`` picks the arms: ``policy`` (none against the
 evicting ``--kv-policy``) or ``telemetry`` (the evicting policy with ``--kv-telemetry off`` against on). With
-``--rounds`` K, each round runs every arm back to back on servers that stay up (CPU), and the ratios are the
-median of the K per-round ratios: runs seconds apart, not minutes (a shared machine drifts). Writes
+``--rounds`` K, each round runs every arm back to back on servers that stay up (CPU), the first arm of one
+round last in the next, and the ratios are the median of the K per-round ratios: runs seconds apart, not
+minutes (a shared machine drifts). Writes
 serving_bench.json and .png. Exit status: 0 when every request completed with T tokens, 1 when a server, the
 benchmark or a request failed, 2 for bad options.
 """
@@ -287,7 +288,10 @@ def bench_pool(st: argparse.Namespace, model: str, pool: int, logs: Path, workdi
     servers = [ServerProcess(f"{arm} (pool {pool})", model, server_args(st, arm, pool), st.device,
                              logs / f"server-{arm}-{pool}.log", workdir) for arm in pair]
     together = st.device == "cpu"
-    order = ([(k, i) for k in range(st.rounds) for i in range(len(pair))] if together
+    # Rounds alternate which arm runs first (ABBA), so an advantage of running first or
+    # second in a round cancels out of the median.
+    order = ([(k, i) for k in range(st.rounds) for i in (range(len(pair)) if k % 2 == 0 else
+                                                          reversed(range(len(pair))))] if together
              else [(k, i) for i in range(len(pair)) for k in range(st.rounds)])
     try:
         for k, i in order:
