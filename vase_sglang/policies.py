@@ -17,6 +17,7 @@ The order matters: the next round's smoothing sees neighbours in storage order
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -154,6 +155,8 @@ class Selection:
 
     keep: torch.Tensor
     evicted_attention: torch.Tensor | None = None
+    # Host seconds spent measuring (the telemetry's own cost; on a GPU the launches only).
+    measure_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -265,9 +268,11 @@ class Policy:
         keep, attention = self._keep(regions)
         if not measure:
             return Selection(keep)
+        t0 = time.perf_counter()
         if attention is None:
             attention = self.window_probs(regions, temperature=1.0)
-        return Selection(keep, ops.evicted_mass(attention, keep, backend=self.backend))
+        evicted = ops.evicted_mass(attention, keep, backend=self.backend)
+        return Selection(keep, evicted, time.perf_counter() - t0)
 
     def _keep(self, regions: Regions) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The kept positions, and the window attention the scores read (None if they read none)."""

@@ -222,3 +222,25 @@ def test_fleet_totals_merge_across_schedulers() -> None:
     assert (merged["requests"], merged["requests_evicted"], merged["loops"], merged["loop_stops"]) == (3, 2, 1, 1)
     assert merged["evicted_attention_mean"] == pytest.approx(0.2) and merged["loop_rate"] == pytest.approx(1 / 3)
     assert merged["estimated_kl_mean"] == pytest.approx(0.02)
+
+
+def test_meta_info_fields_follow_the_server_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--kv-telemetry off sends no telemetry field; without a calibration no estimate field."""
+    from vase_sglang.patches import io
+    from vase_sglang.plugin import scheduler as adapter
+    from vase_sglang.plugin.options import export_config
+
+    sched = _scheduler_with_estimator()
+    monkeypatch.setattr(adapter, "_current", sched)
+    monkeypatch.setenv("VASE_SGLANG_CONFIG", "")
+    req = FakeReq("a", 1, 5)
+    export_config(CFG, telemetry=TelemetryOptions(enabled=False))
+    assert io._telemetry_fields([req]) == {}
+    export_config(CFG)
+    assert set(io._telemetry_fields([req])) == {"kv_evicted_attention", "kv_evicted_attention_max", "kv_loop",
+                                                "kv_loop_start"}
+    est = KLEstimator("mean", KLMapping((0.0, 1.0), (0.0, 2.0), "model-wide", 4))
+    export_config(CFG, telemetry=TelemetryOptions(estimator=est))
+    sched.telemetry = TelemetryOptions(estimator=est)
+    fields = io._telemetry_fields([req])
+    assert fields["kv_estimated_kl"] == [[0.0]] and "no eviction round" in fields["kv_kl_mapping"][0][0]

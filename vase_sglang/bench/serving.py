@@ -188,8 +188,11 @@ def measure(server: ServerProcess, arm: str, pool: int, st: argparse.Namespace, 
     running = [m.get("sglang:num_running_reqs", 0.0) for m in samples]
     busy = [r for r in running if r > 0]  # the samples while the server had work
     # Ranks evict in parallel: the slowest rank's rounds are what the batch waited for.
-    secs = max((x["round_seconds_total"] for x in kv_policy.get("totals", {}).get("per_rank", [])
-                if x.get("round_seconds_total") is not None), default=None)
+    per_rank = kv_policy.get("totals", {}).get("per_rank", [])
+    secs = max((x["round_seconds_total"] for x in per_rank if x.get("round_seconds_total") is not None), default=None)
+    telemetry_secs = [float(t["seconds_total"]) for t in (x.get("telemetry") or {} for x in per_rank)
+                      if t.get("seconds_total") is not None]
+    telemetry = max(telemetry_secs, default=None)
     n = {"ttft": b["completed"], "tpot": sum(x > 1 for x in b["output_lens"]), "itl": sum(map(len, b["itls"]))}
     return {
         "arm": arm, "pool": pool, "round": round_index,
@@ -203,6 +206,8 @@ def measure(server: ServerProcess, arm: str, pool: int, st: argparse.Namespace, 
         # The round cost in the same run as the decode steps it interrupts (each server runs one batch).
         "kv_policy_state": kv_policy, "round_seconds_total": secs,
         "round_share_of_wall": secs / b["duration"] if secs is not None else None,
+        # The telemetry's own host seconds since the server started (per_rank's seconds_total).
+        "telemetry_seconds_total": telemetry,
         "output_lens": b["output_lens"], "sglang_bench_result": str(result),
         "server_cmd": shlex.join(server.cmd), "server_log": str(server.log_path), "server_pid": server.pgid,
     }

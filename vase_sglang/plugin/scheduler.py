@@ -144,6 +144,8 @@ class Totals:
     # path of some attention backend was not hooked, so attention scored nothing.
     rounds_without_queries: int = 0
     round_latency: LogHistogram = field(default_factory=LogHistogram)  # one per batched round
+    # Host seconds in the telemetry's own work: measuring rounds, the loop detector, the reports.
+    telemetry_seconds: float = 0.0
 
 
 def stacked_view(layers: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -281,6 +283,7 @@ class VaseScheduler:
         self.auto = auto
         self.telemetry = telemetry or TelemetryOptions()
         self.fleet = FleetTelemetry()
+        self._token_chars: dict[int, int] = {}  # decoded length of each token: the loop detectors share it
         # On a TP rank: the global index of the local KV heads (for TP-invariant noise),
         # and whether this rank reports to the Prometheus counters (one rank per request).
         self.head_offset, self.total_kv_heads, self.count_totals = head_offset, total_kv_heads, count_totals
@@ -321,7 +324,8 @@ class VaseScheduler:
         stop = self.telemetry.stop_on_loop if options.stop_on_loop is None else options.stop_on_loop
         tokenizer = req.tokenizer
         text_of = (lambda ids: tokenizer.decode(list(ids))) if tokenizer is not None else None
-        return RequestTelemetry(text_of, stop_on_loop=stop, detect_loops=self.telemetry.enabled or stop)
+        return RequestTelemetry(text_of, stop_on_loop=stop, detect_loops=self.telemetry.enabled or stop,
+                                token_chars=self._token_chars if tokenizer is not None else None)
 
     def _started(self, req: sg.Req) -> RequestState | None:
         st = self._requests.get(req)
@@ -454,12 +458,14 @@ class VaseScheduler:
             st.evicted += removed
             self.position_offset_by_row[st.row] += removed
         if selection.evicted_attention is not None:
+            t0 = time.perf_counter()
             # Mean over layers and KV heads: one host copy per batched round (rounds sync anyway).
             signals = selection.evicted_attention.mean(dim=(1, 2)).tolist()
             for (st, _, generated), signal in zip(group, signals, strict=True):
                 st.telemetry.on_round(signal, generated)
             if self.count_totals:
                 metrics.observe_round_signals(cfg, signals)
+            self.totals.telemetry_seconds += selection.measure_seconds + time.perf_counter() - t0
 
     @property
     def measures(self) -> bool:
@@ -594,7 +600,9 @@ class VaseScheduler:
         tel = st.telemetry
         if tel.detector is None or tel.loop is not None or new_tokens <= 0:
             return None
+        t0 = time.perf_counter()
         loop = tel.on_tokens(req.output_ids[-new_tokens:])
+        self.totals.telemetry_seconds += time.perf_counter() - t0
         if loop is None or not tel.stop_on_loop:
             return None
         tel.stopped = True
@@ -603,6 +611,7 @@ class VaseScheduler:
     def telemetry_report(self, req: sg.Req) -> TelemetryReport:
         """What eviction cost the request so far, for its meta_info; a finished request is
         counted in the totals once (``/kv_policy``, ``/metrics``)."""
+        t0 = time.perf_counter()
         st = self.state(req)
         generated = len(req.output_ids)
         report = st.telemetry.report(generated, st.cfg, self.telemetry.estimator)
@@ -610,6 +619,7 @@ class VaseScheduler:
             st.telemetry.observed = True
             self.fleet.observe(st.cfg, report, st.telemetry.stopped)
             metrics.observe_request(st.cfg, report, st.telemetry.stopped)
+        self.totals.telemetry_seconds += time.perf_counter() - t0
         return report
 
     def policy_choice(self, req: sg.Req) -> PolicyChoice:
@@ -646,6 +656,8 @@ class VaseScheduler:
             "counted_in_totals": self.count_totals,
             "tracked_requests": len(self._requests),
             "telemetry": {"enabled": self.telemetry.enabled, "measures_rounds": self.measures,
+                          # The telemetry's own host work, so a benchmark can state its share of the wall time.
+                          "seconds_total": round(self.totals.telemetry_seconds, 4),
                           "stop_on_loop": self.telemetry.stop_on_loop,
                           "kl_estimator": self.telemetry.estimator.source if self.telemetry.estimator else None,
                           "by_config": self.fleet.summary()},

@@ -63,9 +63,10 @@ ESTIMATE_FIELDS = ("estimated_kl", "kl_mapping")
 class RequestTelemetry:
     """One request's telemetry: its rounds' signal and its output's loop detector."""
 
-    def __init__(self, text_of: Callable[[Sequence[int]], str] | None, stop_on_loop: bool, detect_loops: bool):
+    def __init__(self, text_of: Callable[[Sequence[int]], str] | None, stop_on_loop: bool, detect_loops: bool,
+                 token_chars: dict[int, int] | None = None):
         self.signal = EvictedAttention()
-        self.detector = LoopDetector(text_of) if detect_loops else None
+        self.detector = LoopDetector(text_of, token_chars=token_chars) if detect_loops else None
         self.stop_on_loop = stop_on_loop
         self.stopped = False  # ended by kv_stop_on_loop
         self.observed = False  # counted in the fleet totals (once, when it finished)

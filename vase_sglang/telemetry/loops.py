@@ -13,10 +13,11 @@ shortest depends only on its own tokens), so that run occurs, without overlap, a
 as the phrase does; the output loops when one run has 5 non-overlapping occurrences
 starting in the last 500 characters, and its first counted occurrence is where the loop
 starts. A run is identified by a rolling hash of its tokens, so a token costs a few
-additions and one dictionary update. Each distinct token is decoded once for its length; a
-candidate phrase is decoded whole before it counts (the only other tokenizer call). What it can miss: a phrase whose occurrences are tokenized differently
-(a merge across its edge), which the text definition still counts (docs/telemetry.md
-gives the agreement on real outputs). Without a tokenizer each token counts as one character.
+additions and one dictionary update. Each distinct token is decoded once for its length
+(the scheduler's detectors share that table); a candidate phrase is decoded whole before
+it counts (the only other tokenizer call). What it can miss: a phrase that starts or ends
+inside a token, which the text definition still counts (docs/telemetry.md gives the
+agreement on real outputs). Without a tokenizer each token counts as one character.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ class LoopDetector:
     """Feed it a request's output tokens as they come; ``loop`` is set at the first loop."""
 
     def __init__(self, text_of: Callable[[Sequence[int]], str] | None = None, min_chars: int = MIN_CHARS,
-                 max_chars: int = MAX_CHARS, repeats: int = REPEATS, window: int = WINDOW_CHARS):
+                 max_chars: int = MAX_CHARS, repeats: int = REPEATS, window: int = WINDOW_CHARS,
+                 token_chars: dict[int, int] | None = None):
         if not 1 <= min_chars <= max_chars or repeats < 2 or window < repeats * min_chars:
             raise ValueError("need 1 <= min_chars <= max_chars, repeats >= 2 and window >= repeats * min_chars")
         self.text_of = text_of
@@ -74,7 +76,8 @@ class LoopDetector:
         self.loop: Loop | None = None
         # The newest tokens, as (token, characters, characters before it in the output).
         self._recent: deque[tuple[int, int, int]] = deque()
-        self._chars_of: dict[int, int] = {}  # token -> its decoded length
+        # token -> its decoded length; detectors of one tokenizer may share it (bounded by the vocabulary)
+        self._chars_of: dict[int, int] = token_chars if token_chars is not None else {}
         # n-gram (n, hash) -> its counted occurrences: (first character, first token, last token)
         self._seen: dict[tuple[int, int], deque[tuple[int, int, int]]] = {}
         self._chars = 0  # characters of the output so far
