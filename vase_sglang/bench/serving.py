@@ -247,7 +247,7 @@ def _f(x: float | None, fmt: str, scale: float = 1.0) -> str:
 def format_table(results: list[dict], st: argparse.Namespace) -> str:
     base, other = arms(st)
     rat = {r["pool"]: r for r in ratios(results, (base, other))}
-    rows = [["pool", "fits", "round", "arm", "done/err", "out tok/s", "x base", "peak run", "x base", "mean run",
+    rows = [["pool", "fits", "round", "arm", "done/err", "out tok/s", f"x {base}", "peak run", f"x {base}", "mean run",
              "retract", "peak KV", "round %", "TTFT p50/p99 s", "TPOT p50/p99 ms", "ITL p50/p99 ms"]]
     for r in results:
         x = rat.get(r["pool"]) if r["arm"] == other and st.rounds == 1 else None
@@ -263,7 +263,7 @@ def format_table(results: list[dict], st: argparse.Namespace) -> str:
                + ", ".join(f"{name} {_f(r[f'{name}_{other}_over_{base}'], '.3f')}x" for name in RATIO_KEYS)
                for r in rat.values()]
     return "\n".join(["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows] + medians + [
-        f"fits: full-cache requests; x base: {other} / {base} at one pool; run, KV, retract: /metrics; "
+        f"fits: full-cache requests; x {base}: {other} / {base} at one pool; run, KV, retract: /metrics; "
         "round %: of wall"])
 
 
