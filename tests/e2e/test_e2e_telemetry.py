@@ -27,7 +27,7 @@ from support.telemetry import MODEL_SLOPE, PAIR_SLOPE, plant_processor
 
 from vase_sglang.config import PolicyConfig
 from vase_sglang.policies import make_policy
-from vase_sglang.telemetry import EvictedAttention
+from vase_sglang.telemetry import EvictedAttention, Loop, LoopDetector
 
 pytestmark = pytest.mark.e2e
 
@@ -79,15 +79,17 @@ def test_the_estimate_is_the_calibrations_mapping_of_the_signal(telemetry_server
     assert (short["kv_eviction_rounds"], short["kv_estimated_kl"]) == (0, 0.0)
 
 
-def _phrase(tiny_model) -> tuple[list[int], int]:
-    """The planted phrase's tokens, and the tokens of its shortest prefix of at least 10
-    characters: repeated, that prefix is the first phrase to occur 5 times."""
+def _phrase(tiny_model) -> tuple[list[int], Loop]:
+    """The planted phrase's tokens, and the loop the algorithm layer's detector finds in the
+    planted output (the server must report the same one)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     ids = tok.encode(" kv cache token decode", add_special_tokens=False)
     assert 10 <= len(tok.decode(ids)) <= 40 and len(set(ids)) == len(ids)
-    return ids, next(k for k in range(1, len(ids) + 1) if len(tok.decode(ids[:k])) >= 10)
+    loop = LoopDetector(tok.decode).feed(list(range(100, 100 + START)) + ids * 60)
+    assert loop is not None
+    return ids, loop
 
 
 def _planted(server, plan: list[int], max_new: int, **custom) -> dict:
@@ -103,27 +105,29 @@ START = 37  # output tokens before the planted loop: distinct, so no loop of the
 
 
 def test_a_planted_loop_is_found_at_its_first_token(telemetry_server, tiny_model) -> None:
-    phrase, _ = _phrase(tiny_model)
+    phrase, expected = _phrase(tiny_model)
     plan = list(range(100, 100 + START)) + phrase * 60
     out = _planted(telemetry_server, plan, 200)
     meta = out["meta_info"]
     assert tokens(out) == plan[:200]
-    assert meta["kv_loop"] is True and meta["kv_loop_start"] == START
+    assert meta["kv_loop"] is True and meta["kv_loop_start"] == expected.start == START
     assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == 200
     clean = _planted(telemetry_server, list(range(100, 300)), 200)["meta_info"]  # 200 distinct tokens
     assert clean["kv_loop"] is False and clean["kv_loop_start"] == -1
 
 
 def test_stop_on_loop_ends_the_request_at_the_fifth_occurrence(telemetry_server, tiny_model) -> None:
-    phrase, first = _phrase(tiny_model)
+    phrase, expected = _phrase(tiny_model)
     plan = list(range(100, 100 + START)) + phrase * 60
     out = _planted(telemetry_server, plan, 200, kv_stop_on_loop=True)
     meta = out["meta_info"]
-    detected = START + 4 * len(phrase) + first - 1  # the 5th copy of the phrase's first 10 characters
+    detected = expected.detected_at
+    assert START + 4 * len(phrase) <= detected < START + 5 * len(phrase)  # in the phrase's 5th copy
     assert meta["completion_tokens"] == detected + 1
     assert meta["finish_reason"]["type"] == "stop"
     loop = meta["finish_reason"]["kv_loop"]
-    assert (loop["start"], loop["phrase_tokens"], loop["detected_at"]) == (START, first, detected)
+    assert loop == {"start": START, "phrase_tokens": expected.phrase_tokens,
+                    "phrase_chars": expected.phrase_chars, "detected_at": detected}
     assert 10 <= loop["phrase_chars"] <= 40
     # The same through the OpenAI completions route: a plain "stop" there.
     body = {"model": "default", "prompt": "hi", "max_tokens": 200, "temperature": 0,

@@ -12,7 +12,7 @@ from support.fakes import CFG, FakeBatch, FakeReq, make_scheduler
 
 from vase_sglang.config import PolicyConfig
 from vase_sglang.plugin.telemetry import FleetTelemetry, TelemetryOptions, TelemetryReport, merge
-from vase_sglang.telemetry import EvictedAttention, KLEstimator, KLMapping, LoopDetector, find_text_loop
+from vase_sglang.telemetry import EvictedAttention, KLEstimator, KLMapping, Loop, LoopDetector, find_text_loop
 from vase_sglang.telemetry.estimator import fit_isotonic
 
 # A toy tokenizer: token i is the word WORDS[i] (1 to 7 characters).
@@ -63,6 +63,17 @@ def test_a_planted_loop_is_found_at_the_fifth_occurrence_of_its_first_phrase() -
     assert loop is not None and found_after == len(prefix) + 4 * len(phrase) + first - 1 == loop.detected_at
     assert loop.start <= len(prefix) and (loop.phrase_tokens, loop.phrase_chars) == (first, 12)
     assert det.feed(tokens) is None and det.loop == loop  # reported once
+
+
+def test_a_loop_found_mid_phrase_starts_where_the_repetition_does() -> None:
+    # " on check againWait,": " check again" (12 characters, 2 tokens) is the first run to
+    # occur 5 times, in the 5th copy; the repetition starts one token before its first copy.
+    prefix, phrase = [0, 1, 2, 3, 4], [6, 13, 14, 10]
+    loop = LoopDetector(text_of).feed(_looping(prefix, phrase, 8))
+    assert loop == Loop(start=len(prefix), phrase_tokens=2, phrase_chars=12, detected_at=len(prefix) + 16 + 2)
+    # A prefix that ends like the phrase belongs to the repetition.
+    loop = LoopDetector(text_of).feed(_looping([0, 1, 2, 14, 10], phrase, 8))
+    assert loop is not None and loop.start == 3
 
 
 def test_a_short_phrase_must_repeat_as_a_phrase_of_ten_characters() -> None:

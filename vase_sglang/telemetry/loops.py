@@ -11,9 +11,12 @@ least 10 characters. Every occurrence of a looping phrase of 10-40 characters en
 such a run (the phrase's shortest suffix of 10 characters, token-aligned; which run is
 shortest depends only on its own tokens), so that run occurs, without overlap, as often
 as the phrase does; the output loops when one run has 5 non-overlapping occurrences
-starting in the last 500 characters, and its first counted occurrence is where the loop
-starts. A run is identified by a rolling hash of its tokens, so a token costs a few
-additions and one dictionary update. Each distinct token is decoded once for its length
+starting in the last 500 characters. That run can begin inside the looping phrase (in
+" kv cache token decode" repeated, " cache token" is the first run to reach 5), so the loop
+starts at the run's first counted occurrence walked back over the tokens that equal the
+token one repetition (the distance between its first two occurrences) later. A run is
+identified by a rolling hash of its tokens, so a token costs a few additions and one
+dictionary update. Each distinct token is decoded once for its length
 (the scheduler's detectors share that table); a candidate phrase is decoded whole before
 it counts (the only other tokenizer call). What it can miss: a phrase that starts or ends
 inside a token, which the text definition still counts (docs/telemetry.md gives the
@@ -135,9 +138,21 @@ class LoopDetector:
         text = self.text_of(phrase) if self.text_of is not None else "x" * n
         if not self.min_chars <= len(text) <= self.max_chars or text.isspace():
             return False
-        first = self._seen[n, self._digest(phrase)][0]
-        self.loop = Loop(start=first[1], phrase_tokens=n, phrase_chars=len(text), detected_at=index)
+        occurrences = self._seen[n, self._digest(phrase)]
+        period = occurrences[1][1] - occurrences[0][1]
+        self.loop = Loop(start=self._repetition_start(occurrences[0][1], period), phrase_tokens=n,
+                         phrase_chars=len(text), detected_at=index)
         return True
+
+    def _repetition_start(self, first: int, period: int) -> int:
+        """The earliest token from which the output repeats itself ``period`` tokens later,
+        walking back from ``first`` over the tokens still held."""
+        tokens = [tok for tok, _, _ in self._recent]
+        base = self._index - len(tokens)  # output index of tokens[0]
+        start = first
+        while start - 1 >= base and tokens[start - 1 - base] == tokens[start - 1 - base + period]:
+            start -= 1
+        return start
 
     @staticmethod
     def _digest(phrase: list[int]) -> int:
