@@ -13,7 +13,10 @@ it waits for the server to go idle and checks:
 * memory flat: RSS at the end at most ``--max-rss-growth-mib`` (default 32 MiB) above RSS
   after the warm-up (the first ``--warmup`` seconds, when allocators and caches fill);
 * 0 KV slots in use once idle (no leak), 0 HTTP 5xx, the server never exited;
-* the ``/kv_policy`` payload stays the same size (bounded statistics).
+* the ``/kv_policy`` payload stays the same size (bounded statistics): apart from its
+  telemetry tables, which hold one fixed-size entry per (policy, budget) that requests ran
+  (a table may gain an entry when a configuration first finishes after the warm-up; it may
+  not hold more than MAX_FLEET_CONFIGS, far fewer than a soak's requests).
 
 It writes ``soak.json`` (samples, Locust totals, the eviction telemetry's distributions per
 scenario from the responses and the server's own totals from ``/kv_policy``, the verdict)
@@ -55,6 +58,28 @@ def _locustfile(given: str | None) -> Path:
     raise SystemExit(f"{path} not found: run from a checkout, or pass --locustfile loadtest/locustfile.py")
 
 
+MAX_FLEET_CONFIGS = 32
+
+
+def _without_config_tables(node: Any) -> tuple[Any, int]:
+    """The payload with every telemetry table (``by_config``, and the fleet merge of them
+    under ``totals.telemetry``) emptied, and the largest number of entries one held."""
+    if isinstance(node, list):
+        parts = [_without_config_tables(x) for x in node]
+        return [p for p, _ in parts], max((n for _, n in parts), default=0)
+    if not isinstance(node, dict):
+        return node, 0
+    out: dict[str, Any] = {}
+    most = 0
+    for key, value in node.items():
+        if key == "by_config" or (key == "telemetry" and isinstance(value, dict) and "enabled" not in value):
+            out[key], most = {}, max(most, len(value) if isinstance(value, dict) else 0)
+        else:
+            out[key], n = _without_config_tables(value)
+            most = max(most, n)
+    return out, most
+
+
 def sample(server: ServerProcess, t0: float) -> dict[str, Any]:
     """One observation of the running server."""
     proc = psutil.Process(server.proc.pid)  # type: ignore[union-attr]
@@ -64,10 +89,12 @@ def sample(server: ServerProcess, t0: float) -> dict[str, Any]:
     entries = loads.get("loads", loads)
     entries = entries if isinstance(entries, list) else [entries]
     used = sum(int(e.get("core", e)["num_used_tokens"]) for e in entries)
-    payload = requests.get(server.url + "/kv_policy", timeout=10)
-    ranks = payload.json().get("totals", {}).get("per_rank") or [{}]
+    payload = requests.get(server.url + "/kv_policy", timeout=10).json()
+    ranks = payload.get("totals", {}).get("per_rank") or [{}]
+    rest, configs = _without_config_tables(payload)
     return {"t": round(time.monotonic() - t0, 1), "rss_mb": round(rss / 2**20, 1), "used_slots": used,
-            "kv_policy_bytes": len(payload.content), "rounds": ranks[0].get("eviction_rounds"),
+            "kv_policy_bytes": len(json.dumps(rest)), "kv_policy_configs": configs,
+            "rounds": ranks[0].get("eviction_rounds"),
             "round_ms_p50": ranks[0].get("round_latency_ms_p50"), "round_ms_p99": ranks[0].get("round_latency_ms_p99"),
             "tracked_requests": ranks[0].get("tracked_requests")}
 
@@ -129,12 +156,14 @@ def verdict(samples: list[dict], idle: dict, totals: dict, warmup: float, max_gr
         "no_leaked_slots": idle["used_slots"] == 0,
         "no_5xx": totals["http_5xx"] == 0,
         "no_crash": alive,
-        "kv_policy_payload_bounded": end["kv_policy_bytes"] <= start["kv_policy_bytes"] + 64,
+        "kv_policy_payload_bounded": (end["kv_policy_bytes"] <= start["kv_policy_bytes"] + 64
+                                      and end.get("kv_policy_configs", 0) <= MAX_FLEET_CONFIGS),
     }
     return {"rss_start_mb": start["rss_mb"], "rss_end_mb": end["rss_mb"], "rss_growth_mib": round(growth, 1),
             "rss_growth": round(growth / start["rss_mb"], 4), "rss_max_growth_mib": max_growth_mib,
             "idle_used_slots": idle["used_slots"],
             "kv_policy_bytes_start": start["kv_policy_bytes"], "kv_policy_bytes_end": end["kv_policy_bytes"],
+            "kv_policy_configs_end": end.get("kv_policy_configs"),
             "checks": checks, "pass": all(checks.values())}
 
 
