@@ -4,6 +4,9 @@ Two launches per chunk of layers: gather the kept rows of every (request, layer,
 into a scratch buffer, then scatter them back into the region's first B slots. The
 scratch makes the in-place move safe whatever the kept order: a kept source may sit
 anywhere in the region, including in slots that the move overwrites.
+
+``carry_scores`` moves a stateful policy's per-position scores the same way, with the
+same ``keep``: one launch, reading the round's scores (a separate tensor, so no scratch).
 """
 
 from __future__ import annotations
@@ -75,3 +78,40 @@ def compact(k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, keep:
                 launch(_move_kernel, grid, buf, slots, keep, scratch, b, d, n_heads, layer0,
                        *buf.stride(), *slots.stride(), *keep.stride(),
                        TO_SCRATCH=to_scratch, BLOCK_J=block_j, BLOCK_D=pow2(d))
+
+
+@triton.jit(do_not_specialize=["B", "C", "W"])
+def _carry_kernel(
+    state_ptr, rows_ptr, carry_ptr, keep_ptr,
+    B, C, W, n_heads,
+    s_sr, s_sl, s_sh, s_sw,
+    s_cr, s_cl, s_ch, s_cc,
+    s_kr, s_kl, s_kh, s_kb,
+    BLOCK_J: tl.constexpr,
+):
+    # One program: (request, layer x head, block of region positions).
+    r = tl.program_id(0).to(tl.int64)
+    lh = tl.program_id(1).to(tl.int64)
+    jb = tl.program_id(2).to(tl.int64)
+    layer = lh // n_heads
+    h = lh % n_heads
+    offs_j = jb * BLOCK_J + tl.arange(0, BLOCK_J).to(tl.int64)
+    kept = offs_j < B
+    pos = tl.load(keep_ptr + r * s_kr + layer * s_kl + h * s_kh + offs_j * s_kb, mask=kept, other=0).to(tl.int64)
+    scored = kept & (pos < C)  # a kept recent position has no score yet
+    val = tl.load(carry_ptr + r * s_cr + layer * s_cl + h * s_ch + pos * s_cc, mask=scored, other=0.0)
+    row = tl.load(rows_ptr + r).to(tl.int64)
+    tl.store(state_ptr + row * s_sr + layer * s_sl + h * s_sh + offs_j * s_sw, val, mask=offs_j < W)
+
+
+def carry_scores(state: torch.Tensor, rows: torch.Tensor, carry: torch.Tensor, keep: torch.Tensor) -> None:
+    n_req, n_layers, n_heads, b = keep.shape
+    w, c = state.shape[-1], carry.shape[-1]
+    if b > w:
+        raise ValueError(f"keep holds {b} positions, the state only {w}")
+    if n_req == 0:
+        return
+    block_j = 128
+    grid = (n_req, n_layers * n_heads, triton.cdiv(w, block_j))
+    launch(_carry_kernel, grid, state, rows, carry, keep, b, c, w, n_heads,
+           *state.stride(), *carry.stride(), *keep.stride(), BLOCK_J=block_j)

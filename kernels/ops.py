@@ -61,6 +61,7 @@ def _impl(name: str, device: torch.device, backend: str | None) -> Callable[...,
         "cur_score": cur,
         "select": select,
         "compact": compact,
+        "carry_scores": compact,
     }
     if name not in modules:  # no Triton version: the torch op is already a few matmuls
         return getattr(reference, name)
@@ -127,3 +128,10 @@ def outlier_count(reserve_key: torch.Tensor, n_sink: int, factor: float, cap: in
 def compact(k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, keep: torch.Tensor,
             backend: str | None = None) -> None:
     _impl("compact", k_buf.device, backend)(k_buf, v_buf, slots, keep)
+
+
+def carry_scores(state: torch.Tensor, rows: torch.Tensor, carry: torch.Tensor, keep: torch.Tensor,
+                 backend: str | None = None) -> None:
+    """Move a stateful policy's scores ``carry [n_req, layers, H, C]`` with ``keep`` into
+    rows ``rows`` of ``state [n_rows, layers, H, W]`` (zeros where nothing was scored)."""
+    _impl("carry_scores", state.device, backend)(state, rows, carry, keep)

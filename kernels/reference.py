@@ -222,3 +222,26 @@ def compact(k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, keep:
     for buf in (k_buf, v_buf):
         moved = buf[layer, src_slot, head]  # advanced indexing copies: every read precedes the writes
         buf[layer, dst_slot, head] = moved
+
+
+def carry_scores(state: torch.Tensor, rows: torch.Tensor, carry: torch.Tensor, keep: torch.Tensor) -> None:
+    """Move a stateful policy's scores with the tokens a round keeps, in place.
+
+    ``state``: ``[n_rows, n_layers, H, W]`` fp32, one score per region position of each
+    request's row; ``rows``: ``[n_req]`` each request's row; ``carry``: ``[n_req, n_layers,
+    H, C]`` the round's score of each candidate; ``keep``: ``[n_req, n_layers, H, B]`` as
+    ``compact`` takes it (B <= W). Afterwards, for every (request r, layer l, head h)::
+
+        state[rows[r], l, h, j] == carry[r, l, h, keep[r, l, h, j]]   for j < B, keep < C
+        state[rows[r], l, h, j] == 0                                    otherwise
+
+    A kept recent position, which no round has scored yet, starts at 0, and so does every
+    position from B on, which the next tokens fill.
+    """
+    n_req, n_layers, n_heads, b = keep.shape
+    c = carry.shape[-1]
+    k = keep.long()
+    moved = torch.where(k < c, carry.gather(-1, k.clamp_max(c - 1)), 0.0)
+    out = torch.zeros((n_req, n_layers, n_heads, state.shape[-1]), dtype=state.dtype, device=state.device)
+    out[..., :b] = moved
+    state[rows.long()] = out

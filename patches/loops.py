@@ -5,6 +5,8 @@
   when the request stops on loops (``kv_stop_on_loop`` / ``--kv-stop-on-loop``) and just
   looped, it finishes here with ``FINISH_LOOP``: the OpenAI ``finish_reason`` is ``stop``
   (OpenAI knows no other reason for a model-side stop) and the native one carries ``kv_loop``.
+  A request that finishes at a re-prefill's first token is counted as re-prefilled there
+  (``kv_reprefilled_tokens``): no decode step follows to start its region.
 """
 
 from __future__ import annotations

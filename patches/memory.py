@@ -29,6 +29,7 @@ from vase_sglang.plugin.options import (
     exported_config,
     exported_seed,
     exported_telemetry,
+    keeps_state,
 )
 from vase_sglang.plugin.scheduler import MAX_ROUND_BATCH, VaseScheduler, policy_memory, stacked_view
 from vase_sglang.sharding import HeadShard, head_shard
@@ -81,9 +82,10 @@ def _reserve_policy_memory(original, configurator: sg.KVCacheConfigurator, *args
     memory = policy_memory(cfg, _shard(mc, server_args.tp_size, 0), mc.num_hidden_layers, mc.head_dim,
                            configurator.kv_cache_dtype.itemsize, (server_args.max_running_requests or 0) + 1,
                            exported_auto(), exported_telemetry().enabled)
-    logger.info("vase-sglang: reserving %.1f MiB for the query ring and %.1f MiB for round temporaries "
-                "(up to %d regions per launch) before the KV pool is sized", memory.ring_bytes / 2**20,
-                memory.workspace_bytes / 2**20, MAX_ROUND_BATCH)
+    logger.info("vase-sglang: reserving %.1f MiB for the query ring, %.1f MiB for the score state and %.1f MiB "
+                "for round temporaries (up to %d regions per launch) before the KV pool is sized",
+                memory.ring_bytes / 2**20, memory.state_bytes / 2**20, memory.workspace_bytes / 2**20,
+                MAX_ROUND_BATCH)
     return max(0, available - memory.total_bytes)
 
 
@@ -130,7 +132,7 @@ def _build_runtime(result: Any, model_runner: sg.ModelRunner, *args: Any, **kwar
     telemetry = exported_telemetry()
     scheduler.install(VaseScheduler(cfg, exported_seed(), k_buf, v_buf, model_runner.req_to_token_pool, shard.q_heads,
                                     capture_queries=captures_queries(cfg, auto, telemetry.enabled), auto=auto,
-                                    telemetry=telemetry,
+                                    telemetry=telemetry, keep_state=keeps_state(cfg, auto, telemetry.enabled),
                                     head_offset=shard.kv_head_offset,
                                     total_kv_heads=shard.total_kv_heads,
                                     # Each KV head's replicas and every TP rank run the same rounds:
@@ -144,9 +146,11 @@ def _build_runtime(result: Any, model_runner: sg.ModelRunner, *args: Any, **kwar
                            model_runner.req_to_token_pool.size + 1, auto, telemetry.enabled)
     logger.info(
         "vase-sglang: policy %s, budget %d + recent %d slots per request, layer and KV head; "
-        "query ring %d bytes per request x %d request slots = %.1f MiB, round temporaries %.1f MiB "
-        "(both counted before the KV pool was sized); KV pool %d tokens, %d layers x %d KV heads x %d dims",
+        "query ring %d bytes per request x %d request slots = %.1f MiB, score state %d bytes per request = "
+        "%.1f MiB, round temporaries %.1f MiB (all counted before the KV pool was sized); KV pool %d tokens, "
+        "%d layers x %d KV heads x %d dims",
         cfg.policy, cfg.budget, cfg.recent, memory.ring_bytes_per_request, memory.request_slots,
-        memory.ring_bytes / 2**20, memory.workspace_bytes / 2**20,
+        memory.ring_bytes / 2**20, memory.state_bytes_per_request, memory.state_bytes / 2**20,
+        memory.workspace_bytes / 2**20,
         model_runner.max_total_num_tokens, k_buf.shape[0], kv_heads, head_dim,
     )

@@ -17,16 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-POLICY_NAMES: tuple[str, ...] = (
-    "none",
-    "vase",
-    "vase-dkv",
-    "snapkv",
-    "rkv",
-    "curdkv",
-    "streamingllm",
-    "random",
-)
+from .registry import POLICY_NAMES
+
 VALUE_STATS: tuple[str, ...] = ("range", "l2", "variance", "absmax")
 
 DEFAULT_BUDGET = 4096
@@ -80,7 +72,11 @@ class PolicyConfig:
     temperature: float = 1.0
     smoothing_kernel: int = 5
     sketch_rank: int = 20
+    # Weight of the attention score against key redundancy (R-KV; G-KV's mix_lambda).
     rkv_lambda: float = 0.5
+    # G-KV: the global score decays by this factor at every round before the max with the
+    # round's local score (the paper's alpha).
+    gkv_decay: float = 0.8
     # No seed here: the seed of the noise is per request (``Regions.seeds``), so that
     # requests that differ only in their seed share one policy object and one round batch.
     # Resolved value of n_large, filled in by __post_init__.
@@ -127,6 +123,7 @@ class PolicyConfig:
             raise PolicyConfigError("smoothing_kernel", self.smoothing_kernel, "must be odd (1 disables smoothing)")
         _require_int("sketch_rank", self.sketch_rank, 1)
         _require_float("rkv_lambda", self.rkv_lambda, positive=False, upper=1.0)
+        _require_float("gkv_decay", self.gkv_decay, positive=False, upper=1.0)
 
     # ---- derived sizes -------------------------------------------------------------
     @property

@@ -9,6 +9,11 @@ to keep, in the order they are to be stored:
     -> the fill (sampled in draw order, or top-k by descending score)
     -> the ``recent`` newest positions, in slot order.
 
+A stateful policy (H2O, G-KV) also returns, per candidate, the score it carries to the
+next round; the engine moves those scores with the kept tokens (``ops.carry_scores``) and
+hands them back as ``Regions.state`` at the next round. Each class's flags (reads queries,
+draws noise, keeps state) come from its entry in ``vase_sglang.registry``.
+
 The order matters: the next round's smoothing sees neighbours in storage order
 (docs/algorithm.md, "The round"). Nothing here knows about SGLang; the math lives in
 ``vase_sglang.kernels`` (Triton, with a torch reference beside each kernel).
@@ -26,6 +31,7 @@ import torch
 
 from .config import PolicyConfig
 from .kernels import ops
+from .registry import spec
 
 _MASK64 = (1 << 64) - 1
 
@@ -58,6 +64,11 @@ class Regions:
     ``queries`` is a whole ring and request i's queries are its row ``query_rows[i]``, read
     in place by the kernels instead of copied.
     ``seeds``/``rounds``: per request, the policy seed and the index of this round.
+    ``newest``: ``[n_req]`` index along the R axis of each request's newest query (the
+    server's ring is circular); None: the last one.
+    ``state``: ``[n_req, n_layers, H, C]`` fp32 score each candidate carried from the last
+    round (stateful policies; zeros for positions no round has scored yet); None: no round
+    has run in this region.
     """
 
     k_buf: torch.Tensor
@@ -71,6 +82,8 @@ class Regions:
     # tensor-parallel rank that holds a slice of the heads (None: all heads are local).
     head_offset: int = 0
     total_heads: int | None = None
+    newest: torch.Tensor | None = None
+    state: torch.Tensor | None = None
 
     @property
     def n_req(self) -> int:
@@ -90,6 +103,16 @@ class Regions:
 
     def candidates(self, recent: int) -> torch.Tensor:
         return self.slots[:, : self.n_candidates(recent)]
+
+    def newest_queries(self) -> torch.Tensor:
+        """``[n_req, n_layers, Hq, 1, D]``: each request's newest window query (a copy)."""
+        if self.queries is None:
+            raise ValueError("no window queries")
+        rows = (self.query_rows.long() if self.query_rows is not None
+                else torch.arange(self.n_req, device=self.queries.device))
+        newest = (self.newest.long().to(rows.device) if self.newest is not None
+                  else torch.full_like(rows, self.queries.shape[3] - 1))
+        return self.queries[rows, :, :, newest].unsqueeze(3)  # advanced indices first: [n_req, L, Hq, D]
 
     def n_candidates(self, recent: int) -> int:
         """Positions a round chooses from: all but the ``recent`` newest. A region holds
@@ -144,6 +167,8 @@ class Scores:
     fill: torch.Tensor
     reserve: torch.Tensor | None = None
     attention: torch.Tensor | None = None
+    # Stateful policies: the score each candidate carries to the next round if it is kept.
+    carry: torch.Tensor | None = None
 
 
 @dataclass
@@ -157,6 +182,9 @@ class Selection:
     evicted_attention: torch.Tensor | None = None
     # Host seconds spent measuring (the telemetry's own cost; on a GPU the launches only).
     measure_seconds: float = 0.0
+    # Stateful policies: ``[n_req, n_layers, H, C]`` score each candidate carries to the
+    # next round; the engine moves it with ``keep`` (``ops.carry_scores``).
+    carry: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -177,12 +205,20 @@ class RoundShape:
 
 
 class Policy:
-    """Base class: subclasses set ``name`` and implement ``score``."""
+    """Base class: subclasses set ``name`` and implement ``score``; their flags come from
+    the registry entry of that name."""
 
     name: ClassVar[str]
     needs_queries: ClassVar[bool] = False
-    stochastic: ClassVar[bool] = False
+    draws_noise: ClassVar[bool] = False
+    stateful: ClassVar[bool] = False
     evicts: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        entry = spec(cls.name)
+        cls.needs_queries, cls.draws_noise = entry.reads_queries, entry.draws_noise
+        cls.stateful, cls.evicts = entry.stateful, entry.evicts
     # fp32 [n_req, layers, KV heads, C] maps alive at once while scoring (the Triton path).
     score_maps: ClassVar[int] = 0
 
@@ -210,13 +246,15 @@ class Policy:
         total += compact.workspace_bytes(shape.n_req, shape.n_layers, shape.kv_heads, cfg.budget, shape.head_dim,
                                          shape.itemsize)
         total += self.score_maps * one_map
-        if self.stochastic:  # drawn per global head, sliced, then stacked
+        if self.draws_noise:  # drawn per global head, sliced, then stacked
             total += one_map * (1 + (shape.total_kv_heads or shape.kv_heads) // shape.kv_heads)
         if self.needs_queries or measure:
             total += window_attention.workspace_bytes(shape.n_req, shape.n_layers, shape.q_heads, shape.kv_heads,
                                                       cfg.recent, cfg.budget)
         if measure:
             total += 4 * shape.n_req * shape.n_layers * shape.kv_heads  # the evicted mass per head
+        if self.stateful:  # the carried state read in, and the score carried out
+            total += 2 * 4 * shape.n_req * shape.n_layers * shape.kv_heads * cfg.region_size
         return total
 
     # -- shared machinery -----------------------------------------------------------
@@ -265,28 +303,30 @@ class Policy:
         """What to keep, and with ``measure`` what the round takes away (needs the window
         queries, whatever the policy scores with)."""
         self._check(regions, measure)
-        keep, attention = self._keep(regions)
+        keep, scores = self._keep(regions)
+        carry = scores.carry if scores is not None else None
         if not measure:
-            return Selection(keep)
+            return Selection(keep, carry=carry)
         t0 = time.perf_counter()
+        attention = scores.attention if scores is not None else None
         if attention is None:
             attention = self.window_probs(regions, temperature=1.0)
         evicted = ops.evicted_mass(attention, keep, backend=self.backend)
-        return Selection(keep, evicted, time.perf_counter() - t0)
+        return Selection(keep, evicted, time.perf_counter() - t0, carry=carry)
 
-    def _keep(self, regions: Regions) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The kept positions, and the window attention the scores read (None if they read none)."""
+    def _keep(self, regions: Regions) -> tuple[torch.Tensor, Scores | None]:
+        """The kept positions, and the scores they were chosen by (None for index-only policies)."""
         cfg = self.config
         scores = self.score(regions)
         n_large = cfg.large if scores.reserve is not None else 0
         n_fill = cfg.keep_candidates - cfg.sinks - n_large
-        noise = self.noise(regions, scores.fill.shape) if self.stochastic else None
+        noise = self.noise(regions, scores.fill.shape) if self.draws_noise else None
         counts = None
         if n_large and scores.reserve is not None and cfg.outlier_factor is not None:  # only the outliers
             counts = ops.outlier_count(scores.reserve, cfg.sinks, cfg.outlier_factor, n_large, backend=self.backend)
         kept = ops.select(scores.fill, cfg.sinks, n_large, n_fill, scores.reserve, noise, counts,
                           backend=self.backend)
-        return torch.cat([kept, self._recent(regions)], dim=-1), scores.attention
+        return torch.cat([kept, self._recent(regions)], dim=-1), scores
 
     def _recent(self, regions: Regions) -> torch.Tensor:
         c = regions.n_candidates(self.config.recent)
@@ -313,8 +353,6 @@ class VaSEAttnV(Policy):
     """VaSE-AttnV: reserve top-``n_large`` by value range, sample the rest by window attention."""
 
     name = "vase"
-    needs_queries = True
-    stochastic = True
     score_maps = 1  # the value statistic (window attention is counted by needs_queries)
 
     def workspace_bytes(self, shape: RoundShape, measure: bool = False) -> int:
@@ -334,7 +372,6 @@ class SnapKV(Policy):
     """SnapKV at decode time: deterministic top-k of the smoothed window attention."""
 
     name = "snapkv"
-    needs_queries = True
 
     def score(self, regions: Regions) -> Scores:
         score, attention = self.window_attention(regions)
@@ -345,7 +382,6 @@ class RKV(Policy):
     """R-KV: ``lambda * attention - (1 - lambda) * key redundancy``, deterministic top-k."""
 
     name = "rkv"
-    needs_queries = True
     # Redundancy runs on torch: the gathered keys, widened to fp32 and normalised in place
     # (head_dim maps, plus the pool-dtype gather while it is widened unless the pool is
     # fp32; counted in workspace_bytes), then three score maps.
@@ -400,7 +436,6 @@ class RandomEviction(Policy):
     """Uniform sampling without replacement among the non-sink candidates."""
 
     name = "random"
-    stochastic = True
     score_maps = 1
 
     def score(self, regions: Regions) -> Scores:
@@ -427,14 +462,77 @@ class FullCache(Policy):
     """``none``: the full cache; never evicts."""
 
     name = "none"
-    evicts = False
 
     def selection(self, regions: Regions, measure: bool = False) -> Selection:
         raise RuntimeError("policy 'none' keeps the full cache and never selects")
 
 
+class H2O(Policy):
+    """H2O: heavy hitters by window attention accumulated since the token was written.
+
+    Rounds run every R tokens and each reads the last R queries, so every decoded query's
+    attention over the candidates is added exactly once (a token's first R queries, while
+    it is in the recent window, are not: it is kept then anyway). Top-k of the sum, sinks
+    and the recent window kept as usual."""
+
+    name = "h2o"
+    score_maps = 1  # the accumulated score (the window attention is counted by needs_queries)
+
+    def score(self, regions: Regions) -> Scores:
+        probs = self.window_probs(regions, temperature=1.0)
+        total = probs if regions.state is None else probs + regions.state
+        return Scores(fill=total, attention=probs, carry=total)
+
+
+class GKV(Policy):
+    """G-KV (arXiv 2512.00504): a global score, ``max(decay * carried, local)``, where the
+    local score is the round's window attention divided by its largest value per (layer,
+    KV head); the fill is ``lambda * global - (1 - lambda) * redundancy / max``, top-k.
+
+    As the paper's code (microsoft/G-KV, ``smooth_method="max"``, alpha 0.8, mix_lambda
+    0.5), except: the query heads of a GQA group are averaged (G-KV takes their max), the
+    redundancy is R-KV's softmax of mean cosine similarity without G-KV's 0.5 threshold,
+    and the sinks are kept (G-KV keeps none)."""
+
+    name = "gkv"
+    score_maps = 4  # local, global, redundancy, fill
+
+    def workspace_bytes(self, shape: RoundShape, measure: bool = False) -> int:
+        gathered = 0 if shape.itemsize == 4 else shape.itemsize  # as RKV: the keys widened to fp32
+        keys = shape.head_dim * shape.score_map_bytes(self.config) * (4 + gathered) // 4
+        return super().workspace_bytes(shape, measure) + keys
+
+    def score(self, regions: Regions) -> Scores:
+        cfg = self.config
+        probs = self.window_probs(regions, temperature=1.0)
+        local = probs / probs.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+        glob = local if regions.state is None else torch.maximum(regions.state * cfg.gkv_decay, local)
+        red = ops.key_redundancy(regions.k_buf, regions.candidates(cfg.recent), backend=self.backend)
+        red = red / red.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+        return Scores(fill=cfg.rkv_lambda * glob - (1.0 - cfg.rkv_lambda) * red, attention=probs, carry=glob)
+
+
+class TOVA(Policy):
+    """TOVA: top-k of the newest query's attention over the candidates, averaged over the
+    query heads of each GQA group (TOVA evicts one token per step by the same score; here a
+    round evicts R at once)."""
+
+    name = "tova"
+    score_maps = 1
+
+    def workspace_bytes(self, shape: RoundShape, measure: bool = False) -> int:
+        newest = shape.n_req * shape.n_layers * shape.q_heads * shape.head_dim * shape.itemsize
+        return super().workspace_bytes(shape, measure) + newest
+
+    def score(self, regions: Regions) -> Scores:
+        probs = ops.window_attention_probs(regions.newest_queries(), regions.k_buf,
+                                           regions.candidates(self.config.recent), 1.0, backend=self.backend)
+        return Scores(fill=probs)
+
+
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (FullCache, VaSEAttnV, VaSEDKV, SnapKV, RKV, CurDKV, StreamingLLM, RandomEviction)
+    cls.name: cls
+    for cls in (FullCache, VaSEAttnV, VaSEDKV, SnapKV, RKV, CurDKV, StreamingLLM, RandomEviction, H2O, GKV, TOVA)
 }
 
 

@@ -66,25 +66,30 @@ def test_long_generation_stays_bounded_and_matches_full_cache_until_first_evicti
 LOGPROB_TOL = 1e-4
 
 
-def test_logits_match_a_reference_decode_loop_after_several_rounds(vase_server, tiny_model) -> None:
+@pytest.mark.parametrize("policy", ["vase", "h2o", "gkv", "tova"])
+def test_logits_match_a_reference_decode_loop_after_several_rounds(vase_server, tiny_model, policy: str) -> None:
     """HF transformers weights + our torch policy, same seed and rounds: same log-probs.
 
     The comparison is teacher-forced on the server's tokens. A wrong position, a wrong
     kept set or a wrong compaction shifts the log-probs by far more than the tolerance
-    (a different seed moves them by ~0.8, no eviction by ~2.8 on this model).
+    (a different seed moves them by ~0.8, no eviction by ~2.8 on this model). The
+    stateful policies (h2o, gkv) also carry their scores from round to round; tova reads
+    the newest query from the server's circular ring.
     """
     from transformers import AutoModelForCausalLM
 
-    out = greedy(vase_server, 400)
-    assert out["meta_info"]["kv_eviction_rounds"] >= 5
+    extra = {} if policy == "vase" else {"custom_params": {"kv_policy": policy}}
+    out = greedy(vase_server, 400, **extra)
+    assert out["meta_info"]["kv_eviction_rounds"] >= 5 and out["meta_info"]["kv_policy"] == policy
     server_lp = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    ref = ReferenceDecoder(model, PolicyConfig(policy="vase", budget=B, recent=R), seed=SEED)
+    ref = ReferenceDecoder(model, PolicyConfig(policy=policy, budget=B, recent=R), seed=SEED)
     logits = ref.prefill(PROMPT)
     ref_lp = []
-    for token in tokens(out):
+    for token in tokens(out)[:-1]:  # the server never feeds its last token (nor runs a round for it)
         ref_lp.append(torch.log_softmax(logits, -1)[token].item())
         logits = ref.step(token)
+    ref_lp.append(torch.log_softmax(logits, -1)[tokens(out)[-1]].item())
     assert ref.rounds == out["meta_info"]["kv_eviction_rounds"]
     worst = max(abs(a - b) for a, b in zip(server_lp, ref_lp, strict=True))
     assert worst < LOGPROB_TOL, f"max |logprob diff| = {worst}"

@@ -224,3 +224,31 @@ def test_evicted_mass_of_nothing_kept_is_the_whole_row_and_of_everything_is_zero
         assert float(ops.evicted_mass(probs, all_kept, backend=backend).abs().max()) < 1e-5
         torch.testing.assert_close(ops.evicted_mass(probs, only_recent, backend=backend),
                                    torch.ones(2, 3, device=DEVICE), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_carry_scores_moves_each_kept_score_and_zeroes_the_rest(shape: tuple) -> None:
+    cfg, r = _regions(shape)
+    c = r.n_candidates(cfg.recent)
+    keep = make_keep(cfg, r)  # sinks, a fill, then the recent window (positions >= C)
+    g = torch.Generator().manual_seed(3)
+    carry = torch.rand((r.n_req, r.n_layers, r.n_heads, c), generator=g).to(DEVICE)
+    rows = torch.arange(r.n_req, device=DEVICE) * 2 + 1  # scattered rows of a larger state
+    states = {}
+    for backend in ("torch", "triton"):
+        state = torch.full((2 * r.n_req + 1, r.n_layers, r.n_heads, cfg.region_size + 3), 7.0, device=DEVICE)
+        ops.carry_scores(state, rows, carry, keep, backend=backend)
+        states[backend] = state
+    assert torch.equal(states["torch"], states["triton"])
+    state = states["torch"]
+    # Naively: the kept position's score, 0 for a kept recent position and past B; other rows untouched.
+    for i, row in enumerate(rows.tolist()):
+        for layer in range(r.n_layers):
+            for head in range(r.n_heads):
+                got = state[row, layer, head].tolist()
+                for j, pos in enumerate(keep[i, layer, head].tolist()):
+                    assert got[j] == (float(carry[i, layer, head, pos]) if pos < c else 0.0)
+                assert got[cfg.budget :] == [0.0] * (state.shape[-1] - cfg.budget)
+    others = torch.ones(state.shape[0], dtype=torch.bool)
+    others[rows.cpu()] = False
+    assert bool((state[others.to(DEVICE)] == 7.0).all())

@@ -274,7 +274,8 @@ def test_warm_up_launches_every_variant_requests_reach(monkeypatch: pytest.Monke
     fused = torch.randn((layers, 2, rows * cols + 1, heads, dim), device=DEVICE)
     k = stacked_view([fused[i, 0] for i in range(layers)])
     v = stacked_view([fused[i, 1] for i in range(layers)])
-    sched = VaseScheduler(server, 0, k, v, FakePool(rows, cols), 4, capture_queries=True, backend="triton")
+    sched = VaseScheduler(server, 0, k, v, FakePool(rows, cols), 4, capture_queries=True, backend="triton",
+                          keep_state=True)
     monkeypatch.setattr(_common, "LAUNCHED", set())
     before = fused.clone()
     assert sched.warm_up() == len(warmup_configs(server))
@@ -288,6 +289,10 @@ def test_warm_up_launches_every_variant_requests_reach(monkeypatch: pytest.Monke
             cfg = cfg.replace(n_large=rng.randrange(0, cfg.budget - cfg.recent - cfg.sinks + 1))
         r = random_regions(cfg, n_req=rng.randrange(1, 4), n_layers=layers, kv_heads=heads, group=2, head_dim=dim)
         # The scheduler measures every round (telemetry on by default): so does this one.
-        keep = make_policy(cfg, backend="triton").selection(r, measure=sched.measures).keep
-        ops.compact(r.k_buf, r.v_buf, r.slots, keep, backend="triton")
+        selection = make_policy(cfg, backend="triton").selection(r, measure=sched.measures)
+        ops.compact(r.k_buf, r.v_buf, r.slots, selection.keep, backend="triton")
+        if selection.carry is not None:  # a stateful policy's scores move with the tokens
+            state = torch.zeros((r.n_req, layers, heads, server.region_size), device=DEVICE)
+            ops.carry_scores(state, torch.arange(r.n_req, device=DEVICE), selection.carry, selection.keep,
+                             backend="triton")
     assert set(_common.LAUNCHED) <= warmed, sorted(set(_common.LAUNCHED) - warmed)

@@ -77,13 +77,14 @@ class FakeBatch:
 
 
 def make_scheduler(rows: int = 4, cols: int = 40, server_seed: int | None = None,
-                   cfg: PolicyConfig = CFG) -> VaseScheduler:
-    """A VaseScheduler on the torch backend over a fake pool and random K/V."""
+                   cfg: PolicyConfig = CFG, backend: str = "torch") -> VaseScheduler:
+    """A VaseScheduler (the torch backend unless told) over a fake pool and random K/V."""
     pool = FakePool(rows, cols)
     fused = torch.randn((LAYERS, 2, rows * cols + 1, HEADS, DIM))
     k = stacked_view([fused[i, 0] for i in range(LAYERS)])
     v = stacked_view([fused[i, 1] for i in range(LAYERS)])
-    return VaseScheduler(cfg, server_seed, k, v, pool, Q_HEADS, capture_queries=True, backend="torch")
+    return VaseScheduler(cfg, server_seed, k, v, pool, Q_HEADS, capture_queries=True, backend=backend,
+                         keep_state=True)
 
 
 def server_args(**given: Any) -> SimpleNamespace:

@@ -24,6 +24,8 @@ from typing import Annotated, Any, Literal, Union
 
 from hypothesis import strategies as st
 
+from vase_sglang.registry import POLICY_NAMES
+
 VOCAB = 600  # above the tiny test model's vocabulary (about 500 BPE tokens): ids hit both sides
 PROMPT_IDS = [5, 6, 7, 8, 9, 10]
 DEPTH = 3  # nesting of models inside models before values become arbitrary JSON
@@ -129,8 +131,7 @@ def generate_fields() -> dict[str, Any]:
 
 # The plugin's own per-request fields, inside custom_params: valid, invalid and misspelt.
 kv_fields = st.fixed_dictionaries({}, optional={
-    "kv_policy": st.sampled_from(["vase", "none", "snapkv", "rkv", "curdkv", "vase-dkv", "streamingllm", "random",
-                                  "auto", "bogus"]) | json_any,
+    "kv_policy": st.sampled_from([*POLICY_NAMES, "auto", "bogus"]) | json_any,
     "kv_budget": st.sampled_from([0, 8, 16, 24, 32, 40, 64, -8]) | json_any,
     "kv_n_large": st.integers(-2, 40) | json_any,
     "kv_seed": st.integers(-2, 2**64) | json_any,

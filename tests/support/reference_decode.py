@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
 from vase_sglang.config import PolicyConfig
+from vase_sglang.kernels import ops
 from vase_sglang.policies import Regions, make_policy
 
 
@@ -29,6 +30,7 @@ class ReferenceDecoder:
         self.head_dim = getattr(mc, "head_dim", mc.hidden_size // mc.num_attention_heads)
         self.rounds = 0
         self.position = 0
+        self.state = None  # a stateful policy's carried scores [1, layers, Hkv, B + R], as the server's
 
     @torch.no_grad()
     def _qkv(self, layer, h: torch.Tensor, positions: torch.Tensor):
@@ -73,6 +75,8 @@ class ReferenceDecoder:
         self.region_k, self.region_v = [empty] * n, [empty] * n
         self._window = self.cfg.recent if self.cfg else 1
         self.window_q = [torch.zeros((self.hq, 0, self.head_dim))] * n
+        if self.policy is not None and self.policy.stateful:  # a new region: nothing scored yet
+            self.state = torch.zeros((1, n, self.hkv, self.cfg.region_size))
         ids = torch.tensor(prompt_ids)
         self.position = len(prompt_ids)
         return self._forward(ids, torch.arange(len(prompt_ids)), causal=True)[-1]
@@ -98,7 +102,15 @@ class ReferenceDecoder:
         values = torch.stack(self.region_v)[None]
         queries = torch.stack(self.window_q)[None]
         regions = Regions.from_dense(keys, values, queries, seeds=[self.seed], rounds=[self.rounds])
-        keep = self.policy.select(regions)[0]  # [layers, H, B]
+        if self.state is not None:  # after a re-prefill the region may hold more candidates than places
+            n_cand = regions.n_candidates(cfg.recent)
+            regions.state = torch.zeros((1, self.n_layers, self.hkv, n_cand))
+            width = min(n_cand, self.state.shape[-1])
+            regions.state[..., :width] = self.state[..., :width]
+        selection = self.policy.selection(regions)
+        keep = selection.keep[0]  # [layers, H, B]
+        if self.state is not None:
+            ops.carry_scores(self.state, torch.tensor([0]), selection.carry, selection.keep, backend="torch")
         idx = keep[..., None].expand(-1, -1, -1, self.head_dim)
         kept_k = torch.gather(keys[0], 2, idx)
         kept_v = torch.gather(values[0], 2, idx)

@@ -146,7 +146,8 @@ def test_query_recording_under_a_real_cuda_graph() -> None:
     fused = torch.randn((LAYERS, 2, 200, HEADS, DIM), device=dev)
     k = stacked_view([fused[i, 0] for i in range(LAYERS)])
     v = stacked_view([fused[i, 1] for i in range(LAYERS)])
-    sched = VaseScheduler(CFG, 0, k, v, FakePool(4, 40), Q_HEADS, capture_queries=True, backend="triton")
+    sched = VaseScheduler(CFG, 0, k, v, FakePool(4, 40), Q_HEADS, capture_queries=True, backend="triton",
+                          keep_state=True)
     rows = torch.tensor([1, 2], device=dev)
     lens = torch.tensor([6, 10], device=dev)
     q = torch.randn(2, Q_HEADS * DIM, device=dev)

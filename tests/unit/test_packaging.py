@@ -62,7 +62,7 @@ def test_kernels_and_patches_are_not_top_level_names() -> None:
 # tools beside it. The algorithm and the kernels must run without SGLang (the fidelity
 # harness and the kernel tests use them alone).
 TOOLS = {"bench", "calibrate", "eval", "fidelity", "models", "bundled", "cluster", "server_process", "cli"}
-ALGORITHM = {"config", "policies", "sharding", "kernels", "telemetry"}
+ALGORITHM = {"registry", "config", "policies", "sharding", "kernels", "telemetry"}
 
 
 def _modules() -> dict[str, Path]:

@@ -1,6 +1,7 @@
-"""The memory an evicting server reserves before SGLang sizes its KV pool: the query ring and
-one batched round's temporaries, in the dtype the pool stores (what the ring and the scratch
-are allocated in), not the model's, with the telemetry's share when it is on."""
+"""The memory an evicting server reserves before SGLang sizes its KV pool: the query ring, the
+stateful policies' score state and one batched round's temporaries, in the dtype the pool
+stores (what the ring and the scratch are allocated in), not the model's (the state is
+fp32), with the telemetry's share when it is on."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ import torch
 from vase_sglang.config import PolicyConfig
 from vase_sglang.patches import memory
 from vase_sglang.plugin.options import export_config
-from vase_sglang.plugin.scheduler import query_ring_bytes_per_request, round_workspace_bytes
+from vase_sglang.plugin.scheduler import (
+    query_ring_bytes_per_request,
+    round_workspace_bytes,
+    score_state_bytes_per_request,
+)
 from vase_sglang.plugin.telemetry import TelemetryOptions
 from vase_sglang.policies import RoundShape
 
@@ -41,6 +46,7 @@ def server(monkeypatch: pytest.MonkeyPatch):
 def _expected(itemsize: int, cfg: PolicyConfig = VASE, measure: bool = True) -> int:
     rows = RUNNING + 1
     ring = rows * query_ring_bytes_per_request(cfg, LAYERS, Q_HEADS, HEAD_DIM, itemsize, measure=measure)
+    ring += rows * score_state_bytes_per_request(cfg, LAYERS, KV_HEADS, measure=measure)
     return ring + round_workspace_bytes(cfg, RoundShape(n_req=rows, n_layers=LAYERS, q_heads=Q_HEADS,
                                                         kv_heads=KV_HEADS, head_dim=HEAD_DIM, itemsize=itemsize,
                                                         total_kv_heads=KV_HEADS), measure=measure)
@@ -68,3 +74,18 @@ def test_the_telemetry_reserves_a_query_ring_for_a_policy_that_reads_no_queries(
     assert query_ring_bytes_per_request(curdkv, LAYERS, Q_HEADS, HEAD_DIM, 2) == 0
     export_config(curdkv, telemetry=TelemetryOptions(enabled=False))
     assert _reserved(torch.bfloat16) == _expected(2, curdkv, measure=False)
+
+
+def test_the_score_state_is_one_fp32_per_region_position_when_a_request_may_run_a_stateful_policy(server) -> None:
+    # vase captures queries, so a request may ask for h2o or gkv: every row keeps a state.
+    per_request = 4 * LAYERS * KV_HEADS * VASE.region_size
+    assert score_state_bytes_per_request(VASE, LAYERS, KV_HEADS) == per_request
+    without = _reserved(torch.bfloat16) - (RUNNING + 1) * per_request
+    assert without == (RUNNING + 1) * query_ring_bytes_per_request(VASE, LAYERS, Q_HEADS, HEAD_DIM, 2) + \
+        round_workspace_bytes(VASE, RoundShape(n_req=RUNNING + 1, n_layers=LAYERS, q_heads=Q_HEADS, kv_heads=KV_HEADS,
+                                               head_dim=HEAD_DIM, itemsize=2, total_kv_heads=KV_HEADS), measure=True)
+    # A server that captures no queries can serve no stateful policy: no state.
+    curdkv = VASE.replace(policy="curdkv")
+    assert score_state_bytes_per_request(curdkv, LAYERS, KV_HEADS, measure=False) == 0
+    assert score_state_bytes_per_request(curdkv, LAYERS, KV_HEADS, measure=True) == per_request
+    assert score_state_bytes_per_request(VASE.replace(policy="none"), LAYERS, KV_HEADS) == 0

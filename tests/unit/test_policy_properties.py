@@ -10,12 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.regions import random_regions
 
+from vase_sglang import registry
 from vase_sglang.config import PolicyConfig
 from vase_sglang.kernels import ops, reference
 from vase_sglang.policies import POLICIES, make_policy
 
 EVICTING = [name for name, cls in POLICIES.items() if cls.evicts]
-STOCHASTIC = [name for name, cls in POLICIES.items() if cls.stochastic or name == "vase-dkv"]
+STOCHASTIC = list(registry.STOCHASTIC)
 
 
 @st.composite
@@ -213,6 +214,6 @@ def test_a_longer_region_after_a_reprefill_is_brought_back_to_budget(policy: str
         assert len(set(row)) == cfg.budget
         assert set(range(cfg.sinks)) <= set(row)
         assert row[-cfg.recent :] == list(range(length - cfg.recent, length))
-    if not POLICIES[policy].stochastic:
+    if not POLICIES[policy].draws_noise:
         other = make_policy(cfg, backend="torch" if backend == "triton" else "triton").select(regions)
         assert torch.equal(keep, other)

@@ -127,6 +127,28 @@ def test_reprefill_starts_a_new_region_and_keeps_the_counters() -> None:
     assert sched.counters(req).reprefilled_tokens == "12" and st.region_len == 12
 
 
+def test_a_reprefill_whose_first_token_finishes_the_request_is_reported() -> None:
+    """No decode step follows it, so no region starts: the report counts it all the same
+    (the reference decoder must re-prefill there too to compute that last token)."""
+    sched = make_scheduler()
+    req = FakeReq("a", 1, 5)
+    _decode_until_round(sched, [req])
+    req.retraction_count = 1
+    req.kv = FakeKV(3, 17, 17, 5)  # re-prefilled in row 3: prompt 5 + 12 generated tokens
+    req.output_ids = list(range(13))  # the re-prefill's token was the last one
+    req.finished_reason = "length"
+    sched.after_tokens(req, 1)
+    assert sched.counters(req).reprefilled_tokens == "12"
+    sched.after_tokens(req, 0)  # counted once
+    assert sched.counters(req).reprefilled_tokens == "12"
+    # A decode step's token in the same row is no re-prefill.
+    other = FakeReq("b", 2, 5)
+    _decode_until_round(sched, [other])
+    other.output_ids, other.finished_reason = [1], "length"
+    sched.after_tokens(other, 1)
+    assert sched.counters(other).reprefilled_tokens == ""
+
+
 def test_the_tree_takes_only_the_prompt_of_a_retracted_request() -> None:
     sched = make_scheduler()
     req = FakeReq("a", 1, 5)

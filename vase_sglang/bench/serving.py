@@ -4,12 +4,14 @@
     python -m vase_sglang.bench.serving --pools 2x --requests 4 --output-len 512
     python -m vase_sglang.bench.serving --model-path Qwen/Qwen3-8B --kv-budget 2048 --kv-recent 64
     python -m vase_sglang.bench.serving --compare telemetry --rounds 5   # --kv-telemetry off against on
+    python -m vase_sglang.bench.serving --baseline snapkv --kv-policy h2o --rounds 3   # the round cost of h2o
 
 Per pool (``--max-total-tokens``, equal for both arms) one server per arm with ``--enable-metrics``, loaded by
 ``python -m sglang.benchmark.serving`` (N prompts of P token ids at once, T output tokens each): tokens/s and TTFT /
 TPOT / ITL from its result; running requests, KV tokens in use and retractions from ``/metrics`` sampled every 0.2 s;
-time in eviction rounds from ``GET /kv_policy``. ``--compare`` picks the arms: ``policy`` (none against the
-evicting ``--kv-policy``) or ``telemetry`` (the evicting policy with ``--kv-telemetry off`` against on). With
+time in eviction rounds from ``GET /kv_policy``. ``--compare`` picks the arms: ``policy`` (``--baseline``, none
+by default, against the evicting ``--kv-policy``; two evicting policies also compare their seconds in rounds) or
+``telemetry`` (the evicting policy with ``--kv-telemetry off`` against on). With
 ``--rounds`` K, each round runs every arm back to back on servers that stay up (CPU), the first arm of one
 round last in the next, and the ratios are the median of the K per-round ratios: runs seconds apart, not
 minutes (a shared machine drifts). Writes
@@ -63,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--kv-seed", type=int, default=None, metavar="S", help="--kv-seed of the vase server (default: per request)")
     add("--kv-policy", default="vase", metavar="P", help="the evicting arm's --kv-policy (vase)")
     add("--compare", choices=COMPARISONS, default="policy",
-        help="policy: --kv-policy none against P (default); telemetry: P with --kv-telemetry off against on")
+        help="policy: --baseline against P (default); telemetry: P with --kv-telemetry off against on")
+    add("--baseline", default="none", metavar="P",
+        help="--compare policy: the baseline arm's --kv-policy (none: the full cache; an evicting policy compares "
+             "the round time too)")
     add("--rounds", type=positive_int, default=1, metavar="K",
         help="runs of every arm, back to back per round; ratios are the median over rounds (1)")
     add("--model-path", help="model directory or hub id (default: the tiny random-weight Qwen3 of tiny_model.py)")
@@ -83,8 +88,13 @@ def resolve(st: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse
         if PolicyConfig(policy=st.kv_policy, budget=st.kv_budget, recent=st.kv_recent).policy == "none":
             parser.error("invalid --kv-policy none: the compared arm must evict")
         seed_from_flag(st.kv_seed)
+        PolicyConfig(policy=st.baseline, budget=st.kv_budget, recent=st.kv_recent)
     except PolicyConfigError as e:
-        parser.error(f"--kv-policy/--kv-budget/--kv-recent/--kv-seed: {e}")
+        parser.error(f"--kv-policy/--baseline/--kv-budget/--kv-recent/--kv-seed: {e}")
+    if st.compare == "policy" and st.baseline == st.kv_policy:
+        parser.error(f"invalid --baseline {st.baseline}: the same policy as --kv-policy")
+    if st.compare == "telemetry" and st.baseline != "none":
+        parser.error("invalid --baseline with --compare telemetry: the baseline is --kv-policy with --kv-telemetry off")
     st.output_len = st.output_len or 8 * st.kv_budget
     if st.output_len < 2:
         parser.error(f"invalid --output-len {st.output_len}: must be at least 2 (TPOT needs two tokens)")
@@ -124,7 +134,7 @@ def arms(st: argparse.Namespace) -> tuple[str, str]:
     """(baseline, compared): the ratios are compared / baseline."""
     if st.compare == "telemetry":
         return st.kv_policy + TELEMETRY_OFF, st.kv_policy
-    return "none", st.kv_policy
+    return st.baseline, st.kv_policy
 
 
 def server_args(st: argparse.Namespace, arm: str, pool: int) -> list[str]:
@@ -214,7 +224,10 @@ def measure(server: ServerProcess, arm: str, pool: int, st: argparse.Namespace, 
 
 
 RATIO_KEYS = {"throughput": lambda r: r["output_tok_s"], "peak_running": lambda r: r["running_peak"],
-              "tpot_p50": lambda r: r["tpot_s"]["p50"], "itl_p50": lambda r: r["itl_s"]["p50"]}
+              "tpot_p50": lambda r: r["tpot_s"]["p50"], "itl_p50": lambda r: r["itl_s"]["p50"],
+              # Seconds in eviction rounds over the same requests (so the same rounds at one budget):
+              # the per-round cost of two evicting policies; None against the full cache.
+              "round_seconds": lambda r: r.get("round_seconds_total")}
 
 
 def ratios(results: list[dict], pair: tuple[str, str] = ("none", "vase")) -> list[dict]:
@@ -230,8 +243,8 @@ def ratios(results: list[dict], pair: tuple[str, str] = ("none", "vase")) -> lis
             continue
         row: dict = {"pool": pool, "rounds": len(rounds)}
         for name, get in RATIO_KEYS.items():
-            per_round = [get(by[pool, other, k]) / get(by[pool, base, k]) if get(by[pool, base, k]) else None
-                         for k in rounds]
+            per_round = [get(by[pool, other, k]) / get(by[pool, base, k])
+                         if get(by[pool, base, k]) and get(by[pool, other, k]) is not None else None for k in rounds]
             valid = [x for x in per_round if x is not None]
             row[f"{name}_{other}_over_{base}"] = statistics.median(valid) if valid else None
             if len(rounds) > 1:

@@ -11,20 +11,20 @@ from typing import Any
 
 import numpy as np
 
-# Serving configurations a calibration compares: name -> PolicyConfig changes.
-CANDIDATES: dict[str, dict[str, Any]] = {
-    "vase": {"policy": "vase"},
-    "vase-outliers": {"policy": "vase", "outlier_factor": 5.0},
-    "vase-dkv": {"policy": "vase-dkv"},
-    "snapkv": {"policy": "snapkv"},
-    "rkv": {"policy": "rkv"},
-    "curdkv": {"policy": "curdkv"},
-    "streamingllm": {"policy": "streamingllm"},
-    "random": {"policy": "random"},
-}
+from vase_sglang import registry
+from vase_sglang.registry import EVICTING
+
+# Serving configurations a calibration compares: name -> PolicyConfig changes. Every
+# registered evicting policy as it is, each followed by its variants (VaSE with the
+# outlier-only reservation).
+VARIANTS: dict[str, dict[str, Any]] = {"vase-outliers": {"policy": "vase", "outlier_factor": 5.0}}
+CANDIDATES: dict[str, dict[str, Any]] = {}
+for _name in EVICTING:
+    CANDIDATES[_name] = {"policy": _name}
+    CANDIDATES.update({label: changes for label, changes in VARIANTS.items() if changes["policy"] == _name})
 # Drawing noise per request or round: run with every --seeds value. CurDKV's seed only picks
 # its one fixed sketch.
-STOCHASTIC = ("vase", "vase-outliers", "vase-dkv", "random")
+STOCHASTIC = tuple(name for name, changes in CANDIDATES.items() if registry.spec(changes["policy"]).stochastic)
 BOOTSTRAP_RESAMPLES = 2000
 CONFIDENCE = 0.95
 

@@ -29,19 +29,17 @@ import time
 from pathlib import Path
 
 from vase_sglang.cli import OneLineParser, positive_int
+from vase_sglang.registry import POLICY_NAMES
 
 PROG = "python -m vase_sglang.eval"
-POLICY_ORDER = ("none", "vase", "vase-dkv", "snapkv", "rkv", "curdkv", "streamingllm", "random")
 
 
 def _policies(text: str) -> list[str]:
-    from vase_sglang.config import POLICY_NAMES
-
     names = [p.strip() for p in text.split(",") if p.strip()]
     bad = [p for p in names if p not in POLICY_NAMES]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"unknown policy {', '.join(map(repr, bad)) or repr(text)}; "
-                                         f"choose from {', '.join(POLICY_ORDER)}")
+                                         f"choose from {', '.join(POLICY_NAMES)}")
     return names
 
 
@@ -70,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--lookback", type=positive_int, default=24,
                       help="chain suite: minimum distance of the far operand in steps; it also picks the dependency "
                            "graph, and the bundled model knows only the default one (default: 24)")
-    what.add_argument("--policies", type=_policies, default=list(POLICY_ORDER),
-                      help=f"comma-separated policies (default: all: {','.join(POLICY_ORDER)})")
+    what.add_argument("--policies", type=_policies, default=list(POLICY_NAMES),
+                      help=f"comma-separated policies (default: all: {','.join(POLICY_NAMES)})")
     what.add_argument("--budgets", type=_budgets, default=[512, 256],
                       help="comma-separated KV budgets B for the evicting policies (default: 512,256, about 2x and "
                            "4x compression of the chain suite); each must be a multiple of --recent")

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from vase_sglang.kernels import ops
 from vase_sglang.policies import Policy, Regions
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -110,6 +111,8 @@ class Arm:
     measure: bool = False
     # Per round: (output tokens when it ran, [N] signal: mean over layers and KV heads).
     signals: list[tuple[int, list[float]]] = field(default_factory=list)
+    # A stateful policy's carried scores, [N, layers, Hkv, capacity], as the server's score state.
+    state: torch.Tensor | None = None
 
     @property
     def query_window(self) -> int:
@@ -209,6 +212,8 @@ class BatchedDecoder:
                 buf[:, :, : p.width] = src
                 dst.append(buf)
             arm.window_q.append(torch.zeros((n, self.hq, 0, self.head_dim), device=self.device))
+        if policy is not None and policy.stateful:
+            arm.state = torch.zeros((n, self.n_layers, self.hkv, capacity), device=self.device)
         return arm
 
     def fork(self, source: Arm, arm: Arm) -> None:
@@ -247,8 +252,13 @@ class BatchedDecoder:
         n = keys.shape[0]
         seeds = arm.row_seeds if arm.row_seeds is not None else [arm.seed] * n
         regions = Regions.from_dense(keys, values, queries, seeds=seeds, rounds=[arm.rounds] * n)
+        if arm.state is not None:
+            regions.state = arm.state[..., : regions.n_candidates(policy.config.recent)].clone()
         selection = policy.selection(regions, measure=arm.measure)
         keep = selection.keep  # [N, layers, H, B]
+        if arm.state is not None and selection.carry is not None:
+            ops.carry_scores(arm.state, torch.arange(n, device=self.device), selection.carry, keep,
+                             backend=policy.backend)
         if selection.evicted_attention is not None:
             # The round runs before output token fed + 1 is fed: the server's len(output_ids).
             arm.signals.append((arm.fed + 1, selection.evicted_attention.mean(dim=(1, 2)).tolist()))

@@ -21,13 +21,14 @@ from vase_sglang.config import PolicyConfig
 from vase_sglang.fidelity.loop import Arm, BatchedDecoder, generate
 from vase_sglang.fidelity.metrics import FullChunk, PositionMetrics, repeat_4gram_share
 from vase_sglang.policies import PILOT_POLICIES, POLICIES, Policy
+from vase_sglang.registry import EVICTING, STOCHASTIC
 
 log = logging.getLogger("vase_sglang.fidelity")
 
-SWEEP_POLICIES = ("vase", "vase-dkv", "snapkv", "rkv", "curdkv", "streamingllm", "random")
+SWEEP_POLICIES = EVICTING
 # Stochastic policies, run with several seeds: sampling noise (vase, random) or a sketch drawn
 # anew every round (vase-dkv). CurDKV's seed only picks its one fixed sketch: one seed.
-SEEDED = ("vase", "vase-dkv", "random")
+SEEDED = STOCHASTIC
 PILOT_OUTLIER_FACTOR = 5.0
 
 

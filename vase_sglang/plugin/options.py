@@ -18,6 +18,7 @@ from typing import Any
 
 from ..config import POLICY_NAMES, PolicyConfig, PolicyConfigError
 from ..policies import POLICIES, mix_seed
+from ..registry import EVICTING, QUERY_FREE, REGISTRY
 from .auto import BUILTIN, AutoTable, fingerprint_of_path, load_calibration, load_estimator
 from .telemetry import SWITCH, TelemetryOptions
 
@@ -69,8 +70,9 @@ def add_cli_flags(parser: argparse.ArgumentParser) -> None:
         "region of budget + recent slots per layer and KV head.",
     )
     group.add_argument("--kv-policy", default="none", choices=(*POLICY_NAMES, AUTO),
-                       help="KV eviction policy for generated tokens (default: none, stock SGLang); auto: the "
-                            "policy --kv-calibration recommends for each request's budget")
+                       help="KV eviction policy for generated tokens (default: none, stock SGLang): "
+                            + "; ".join(f"{s.name}: {s.summary}" for s in REGISTRY.values())
+                            + "; auto: the policy --kv-calibration recommends for each request's budget")
     group.add_argument("--kv-calibration", default=None, metavar="FILE",
                        help="a calibration.json from `python -m vase_sglang.calibrate` on this model: each request "
                             "then reports kv_estimated_kl, and --kv-policy auto serves its recommendations (without "
@@ -352,10 +354,14 @@ def validate_with_reason(server: PolicyConfig, custom_params: Mapping[str, Any] 
     except PolicyConfigError as exc:
         field = next((k for k, v in REQUEST_FIELDS.items() if v == exc.field_name), exc.field_name)
         raise PolicyConfigError(field, exc.value, exc.allowed) from None
-    if POLICIES[cfg.policy].needs_queries and not captures_queries(server, auto, exported_telemetry().enabled):
+    telemetry = exported_telemetry().enabled
+    if POLICIES[cfg.policy].needs_queries and not captures_queries(server, auto, telemetry):
         raise PolicyConfigError("kv_policy", policy, f"needs attention queries, which the server's --kv-policy "
                                 f"{server.policy} does not capture with --kv-telemetry off; "
-                                "use one of vase-dkv, curdkv, streamingllm, random, none")
+                                f"use one of {', '.join(QUERY_FREE)}")
+    if POLICIES[cfg.policy].stateful and not keeps_state(server, auto, telemetry):
+        raise PolicyConfigError("kv_policy", policy, f"keeps scores across rounds, which the server's --kv-policy "
+                                f"{server.policy} has no room for; start the server with it")
     return cfg, seed, reason
 
 
@@ -378,6 +384,22 @@ def captures_queries(server: PolicyConfig, auto: AutoTable | None = None, teleme
     if POLICIES[server.policy].needs_queries or (telemetry and server.evicts):
         return True
     return auto is not None and any(POLICIES[c["policy"]].needs_queries for c in auto.policies())
+
+
+def reachable_policies(server: PolicyConfig, auto: AutoTable | None = None, telemetry: bool = False) -> list[str]:
+    """Evicting policies a request may run on this server (its own ``kv_policy``, or
+    ``auto``'s choice, which makes the server capture queries if it needs them): the ones
+    that read queries only when the server captures them."""
+    if not server.evicts:
+        return []
+    captures = captures_queries(server, auto, telemetry)
+    return [name for name in EVICTING if captures or not POLICIES[name].needs_queries]
+
+
+def keeps_state(server: PolicyConfig, auto: AutoTable | None = None, telemetry: bool = False) -> bool:
+    """The server keeps a score state per request row: a policy a request may run carries
+    scores across rounds (H2O, G-KV)."""
+    return any(POLICIES[name].stateful for name in reachable_policies(server, auto, telemetry))
 
 
 def request_config(server: PolicyConfig, custom_params: Mapping[str, Any] | None) -> PolicyConfig:

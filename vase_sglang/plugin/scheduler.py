@@ -58,12 +58,12 @@ import torch
 
 from ..config import PolicyConfig
 from ..kernels import ops
-from ..policies import POLICIES, Policy, Regions, RoundShape, Selection, make_policy
+from ..policies import Policy, Regions, RoundShape, Selection, make_policy
 from ..sharding import HeadShard
 from ..telemetry import Loop
 from . import metrics
 from .auto import AutoTable
-from .options import RequestOptions, captures_queries, resolve_request
+from .options import RequestOptions, captures_queries, keeps_state, reachable_policies, resolve_request
 from .stats import LogHistogram
 from .telemetry import FleetTelemetry, RequestTelemetry, TelemetryOptions, TelemetryReport
 
@@ -183,42 +183,55 @@ def query_ring_bytes_per_request(cfg: PolicyConfig, n_layers: int, q_heads: int,
     return n_layers * q_heads * cfg.recent * head_dim * dtype_bytes
 
 
+def score_state_bytes_per_request(cfg: PolicyConfig, n_layers: int, kv_heads: int, auto: AutoTable | None = None,
+                                  measure: bool = False) -> int:
+    """Bytes of score state one request slot needs: one fp32 per (layer, KV head, region
+    position) when a policy a request may run is stateful, else 0."""
+    if not keeps_state(cfg, auto, measure):
+        return 0
+    return 4 * n_layers * kv_heads * cfg.region_size
+
+
 @dataclass(frozen=True)
 class PolicyMemory:
     """What the eviction path allocates beside the KV pool on one TP rank: the query ring
-    (one row per request slot) and the temporaries of one batched round."""
+    and the score state (one row each per request slot) and the temporaries of one
+    batched round."""
 
     ring_bytes_per_request: int
     request_slots: int
     workspace_bytes: int
+    state_bytes_per_request: int = 0
 
     @property
     def ring_bytes(self) -> int:
         return self.ring_bytes_per_request * self.request_slots
 
     @property
+    def state_bytes(self) -> int:
+        return self.state_bytes_per_request * self.request_slots
+
+    @property
     def total_bytes(self) -> int:
-        return self.ring_bytes + self.workspace_bytes
+        return self.ring_bytes + self.state_bytes + self.workspace_bytes
 
 
 def policy_memory(server_cfg: PolicyConfig, shard: HeadShard, n_layers: int, head_dim: int, itemsize: int,
                   request_slots: int, auto: AutoTable | None = None, measure: bool = False) -> PolicyMemory:
-    """The one sizing of the ring and the round workspace, for a rank holding ``shard``'s
+    """The one sizing of the ring, the score state and the round workspace, for a rank holding ``shard``'s
     heads (the reservation before the pool exists and the start-up report both use it);
     ``measure``: the telemetry measures every round."""
     ring = query_ring_bytes_per_request(server_cfg, n_layers, shard.q_heads, head_dim, itemsize, auto, measure)
     shape = RoundShape(n_req=request_slots, n_layers=n_layers, q_heads=shard.q_heads, kv_heads=shard.kv_heads,
                        head_dim=head_dim, itemsize=itemsize, total_kv_heads=shard.total_kv_heads)
-    return PolicyMemory(ring, request_slots, round_workspace_bytes(server_cfg, shape, auto, measure))
+    state = score_state_bytes_per_request(server_cfg, n_layers, shard.kv_heads, auto, measure)
+    return PolicyMemory(ring, request_slots, round_workspace_bytes(server_cfg, shape, auto, measure), state)
 
 
 def policies_for(server_cfg: PolicyConfig, auto: AutoTable | None = None, measure: bool = False) -> list[str]:
     """Evicting policies a request may pick on this server (``kv_policy`` per request):
     the ones that read queries only when the server captures them."""
-    if not server_cfg.evicts:
-        return []
-    captures = captures_queries(server_cfg, auto, measure)
-    return [name for name, cls in POLICIES.items() if cls.evicts and (captures or not cls.needs_queries)]
+    return reachable_policies(server_cfg, auto, measure)
 
 
 def reachable_configs(server_cfg: PolicyConfig, auto: AutoTable | None = None,
@@ -278,6 +291,7 @@ class VaseScheduler:
         total_kv_heads: int | None = None,
         count_totals: bool = True,
         telemetry: TelemetryOptions | None = None,
+        keep_state: bool = False,
     ):
         self.server_cfg = server_cfg
         self.auto = auto
@@ -300,6 +314,14 @@ class VaseScheduler:
             torch.zeros((n_rows, self.n_layers, q_heads, server_cfg.recent, self.head_dim), dtype=k_buf.dtype,
                         device=self.device)
             if capture_queries
+            else None
+        )
+        # [rows, layers, KV heads, B + R] fp32: the score each region position carries to the
+        # next round, for the stateful policies (H2O, G-KV); it moves with the tokens.
+        self.score_state = (
+            torch.zeros((n_rows, self.n_layers, self.kv_heads, server_cfg.region_size), dtype=torch.float32,
+                        device=self.device)
+            if keep_state
             else None
         )
         # Logical - physical position of each row's next token: the forward reads it.
@@ -404,19 +426,42 @@ class VaseScheduler:
         # First decode, or re-prefilled after a retraction: rounds and evicted go on, the
         # region restarts after the prompt (or the tree-owned prefix, if longer) and positions
         # are physical again (the re-prefill recomputed every token at its own position).
-        committed = int(req.kv.kv_committed_len)
-        owned_by_tree = int(req.kv.cache_protected_len or 0)
-        start = min(committed, max(len(req.origin_input_ids), owned_by_tree))
+        committed, start = int(req.kv.kv_committed_len), self._region_start(req)
         if committed > start:  # generated tokens came back with a re-prefill
             st.reprefilled.append(committed - start)
         st.row, st.generation, st.region_start = row, generation, start
         st.compacted, st.region_len = False, committed - start
         self.position_offset_by_row[row] = 0
+        if self.score_state is not None:  # no round has scored this region's tokens yet
+            self.score_state[row] = 0
         # The ring is not cleared: the prefill just wrote its last R queries there, and any
         # older slot is overwritten before the region can fill (B >= 2R decode steps).
         if DEBUG_DIGEST:
             st.prefix_digests = [self._prefix_digest(row, st.region_start)]
         return st
+
+    @staticmethod
+    def _region_start(req: sg.Req) -> int:
+        """The first column of a region starting now: after the prompt, or after the
+        tree-owned prefix if that is longer."""
+        committed = int(req.kv.kv_committed_len)
+        return min(committed, max(len(req.origin_input_ids), int(req.kv.cache_protected_len or 0)))
+
+    def _note_final_reprefill(self, req: sg.Req, st: RequestState) -> None:
+        """A re-prefill whose first token finishes the request has no decode step, so no
+        region starts for it: its re-prefilled tokens are counted here, while the request
+        still holds its row, so that the report (``kv_reprefilled_tokens``) names every
+        re-prefill."""
+        if not st.started or req.kv.req_pool_idx is None:
+            return
+        row = int(req.kv.req_pool_idx)
+        generation = int(self.req_to_token_pool.req_generation[row])
+        if (st.row, st.generation) == (row, generation):
+            return
+        committed, start = int(req.kv.kv_committed_len), self._region_start(req)
+        if committed > start:
+            st.reprefilled.append(committed - start)
+        st.row, st.generation = row, generation  # counted once
 
     def _run_rounds(self, items: Sequence[tuple[RequestState, torch.Tensor, int]]) -> None:
         """One round for each ``(state, region_slots, output tokens so far)``; afterwards each
@@ -449,8 +494,11 @@ class VaseScheduler:
         measure = self.measures
         if (policy.needs_queries or measure) and self.query_ring is not None:
             self._check_queries(rows)
+        # Ring position of each request's newest query: its last column modulo R.
+        newest = torch.tensor([(st.region_start + s.shape[0] - 1) % self.server_cfg.recent for st, s, _ in group],
+                              device=self.device)
         selection = self._select_and_compact(policy, slots, rows, [st.options.seed for st, _, _ in group],
-                                             [st.rounds for st, _, _ in group], measure)
+                                             [st.rounds for st, _, _ in group], measure, newest)
         removed = slots.shape[1] - cfg.budget  # R, or G + R - B after a re-prefill
         for st, _, _ in group:
             st.rounds += 1
@@ -473,16 +521,35 @@ class VaseScheduler:
         return self.telemetry.enabled and self.query_ring is not None
 
     def _select_and_compact(self, policy: Policy, slots: torch.Tensor, rows: torch.Tensor, seeds: list[int],
-                            rounds: list[int], measure: bool = False) -> Selection:
-        """Choose what each region keeps and move it to the region's first B slots. The
-        kernels read each request's queries in place from its ring row: no copy."""
+                            rounds: list[int], measure: bool = False, newest: torch.Tensor | None = None) -> Selection:
+        """Choose what each region keeps and move it, and a stateful policy's scores, to the
+        region's first B places. The kernels read each request's queries in place from its
+        ring row: no copy."""
         ring = self.query_ring if policy.needs_queries or measure else None
         regions = Regions(self.k_buf, self.v_buf, slots, seeds=seeds, rounds=rounds, queries=ring,
                           query_rows=rows if ring is not None else None, head_offset=self.head_offset,
-                          total_heads=self.total_kv_heads)
+                          total_heads=self.total_kv_heads, newest=newest, state=self._carried(policy, slots, rows))
         selection = policy.selection(regions, measure=measure)
         ops.compact(self.k_buf, self.v_buf, slots, selection.keep, backend=self.backend)
+        if selection.carry is not None:
+            assert self.score_state is not None
+            ops.carry_scores(self.score_state, rows, selection.carry, selection.keep, backend=self.backend)
         return selection
+
+    def _carried(self, policy: Policy, slots: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+        """``[n_req, layers, KV heads, C]``: the scores a stateful policy's candidates carry.
+        After a re-prefill a region may hold more candidates than the state has places;
+        they were all reset to 0 when the region restarted."""
+        if not policy.stateful:
+            return None
+        if self.score_state is None:
+            raise RuntimeError(f"vase-sglang: policy {policy.name} keeps scores across rounds, and this server "
+                               "allocated no score state (start it with a stateful --kv-policy)")
+        n_cand = slots.shape[1] - policy.config.recent
+        width = min(n_cand, self.score_state.shape[-1])
+        carried = self.score_state.new_zeros((slots.shape[0], self.n_layers, self.kv_heads, n_cand))
+        carried[..., :width] = self.score_state[rows, :, :, :width]
+        return carried
 
     def _check_queries(self, rows: torch.Tensor) -> None:
         # An unhooked backend leaves every layer empty: the first layer and head tell.
@@ -594,9 +661,12 @@ class VaseScheduler:
 
     # ---- telemetry ------------------------------------------------------------------
     def after_tokens(self, req: sg.Req, new_tokens: int) -> Loop | None:
-        """The request's new output tokens: the loop to stop it at, if it just looped and
-        stops on loops (None otherwise)."""
+        """The request's new output tokens (after every step, prefill or decode): the loop
+        to stop it at, if it just looped and stops on loops (None otherwise). A request
+        that finished here may have just been re-prefilled: that is counted too."""
         st = self.state(req)
+        if req.finished():
+            self._note_final_reprefill(req, st)
         tel = st.telemetry
         if tel.detector is None or tel.loop is not None or new_tokens <= 0:
             return None
@@ -651,6 +721,8 @@ class VaseScheduler:
             "round_seconds_total": round(lat.total, 4),
             "query_ring_bytes": (int(self.query_ring.numel() * self.query_ring.element_size())
                                  if self.query_ring is not None else 0),
+            "score_state_bytes": (int(self.score_state.numel() * self.score_state.element_size())
+                                  if self.score_state is not None else 0),
             "policy_cache_entries": len(self._policies),
             # False on the other ranks of an attention-TP group: they run the same rounds.
             "counted_in_totals": self.count_totals,
