@@ -213,14 +213,14 @@ class Policy:
     draws_noise: ClassVar[bool] = False
     stateful: ClassVar[bool] = False
     evicts: ClassVar[bool] = True
+    # fp32 [n_req, layers, KV heads, C] maps alive at once while scoring (the Triton path).
+    score_maps: ClassVar[int] = 0
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         entry = spec(cls.name)
         cls.needs_queries, cls.draws_noise = entry.reads_queries, entry.draws_noise
         cls.stateful, cls.evicts = entry.stateful, entry.evicts
-    # fp32 [n_req, layers, KV heads, C] maps alive at once while scoring (the Triton path).
-    score_maps: ClassVar[int] = 0
 
     def __init__(self, config: PolicyConfig, backend: str | None = None):
         self.config = config

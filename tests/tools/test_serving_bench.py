@@ -53,13 +53,13 @@ def test_two_evicting_policies_compare_their_round_seconds(capsys: pytest.Captur
     assert serving.arms(st) == ("snapkv", "h2o")
     assert serving.server_args(st, "snapkv", 1000)[-6:] == ["--kv-policy", "snapkv", "--kv-budget", "128",
                                                             "--kv-recent", "32"]
-    results = [{**_result("snapkv", 0, 100, 0.010), "round_seconds_total": 2.0},
-               {**_result("h2o", 0, 100, 0.010), "round_seconds_total": 2.5}]
+    results = [{**_result("snapkv", 0, 100, 0.010), "round_seconds": 2.0},
+               {**_result("h2o", 0, 100, 0.010), "round_seconds": 2.5}]
     (r,) = serving.ratios(results, ("snapkv", "h2o"))
     assert r["round_seconds_h2o_over_snapkv"] == pytest.approx(1.25)
     # Against the full cache, which runs no rounds, there is no round ratio.
-    (r,) = serving.ratios([{**_result("none", 0, 100, 0.01), "round_seconds_total": None},
-                           {**_result("vase", 0, 100, 0.01), "round_seconds_total": 1.0}])
+    (r,) = serving.ratios([{**_result("none", 0, 100, 0.01), "round_seconds": None},
+                           {**_result("vase", 0, 100, 0.01), "round_seconds": 1.0}])
     assert r["round_seconds_vase_over_none"] is None
     for bad, message in ((["--baseline", "h2o", "--kv-policy", "h2o"], "the same policy"),
                          (["--baseline", "bogus"], "invalid policy='bogus'"),

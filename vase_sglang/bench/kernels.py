@@ -10,11 +10,17 @@ times measure how many programs and tile operations a kernel runs (each costs Py
 work), not GPU speed: use them to compare two versions of a kernel, side by side.
 
     TRITON_INTERPRET=1 python -m vase_sglang.bench.kernels --requests 1,4 --budgets 256
+    python -m vase_sglang.bench.kernels --policies snapkv,h2o,gkv,tova   # a whole round per policy
+
+``--policies`` adds one ``<policy>_round`` row per policy: its selection (scores, noise,
+select, the telemetry off) and, for a stateful policy, moving its carried scores; not the
+compaction, which is the same for every policy.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -82,8 +88,22 @@ def _reference_fits(n_req: int, cfg: PolicyConfig, layers: int, q_heads: int, li
     return n_req * layers * q_heads * cfg.recent * cfg.budget * 4 * 3 < limit_bytes
 
 
+def _round(cfg: PolicyConfig, regions: Regions, backend: str) -> None:
+    """One round's choice with ``cfg``'s policy, and its carried scores moved (stateful)."""
+    policy = make_policy(cfg, backend=backend)
+    if policy.stateful:
+        n_cand = regions.n_candidates(cfg.recent)
+        state = torch.zeros((regions.n_req, regions.n_layers, regions.n_heads, cfg.region_size),
+                            device=regions.device)
+        regions = dataclasses.replace(regions, state=state[..., :n_cand])
+    selection = policy.selection(regions)
+    if selection.carry is not None:
+        rows = torch.arange(regions.n_req, device=regions.device)
+        ops.carry_scores(state, rows, selection.carry, selection.keep, backend=backend)
+
+
 def _cases(cfg: PolicyConfig, regions: Regions, sketch: torch.Tensor, score: torch.Tensor, noise: torch.Tensor,
-           keep: torch.Tensor) -> dict[str, Callable[[str], object]]:
+           keep: torch.Tensor, policies: list[str]) -> dict[str, Callable[[str], object]]:
     """Each op on one batch of regions, as a function of the backend name."""
     cand = regions.candidates(cfg.recent)
     n_fill = cfg.keep_candidates - cfg.sinks - cfg.large
@@ -96,6 +116,7 @@ def _cases(cfg: PolicyConfig, regions: Regions, sketch: torch.Tensor, score: tor
         "select": lambda b: ops.select(score, cfg.sinks, cfg.large, n_fill, score, noise, backend=b),
         "compact": lambda b: ops.compact(regions.k_buf, regions.v_buf, regions.slots, keep, backend=b),
         "vase_round": lambda b: make_policy(cfg, backend=b).select(regions),
+        **{f"{p}_round": functools.partial(_round, cfg.replace(policy=p), regions) for p in policies if p != "vase"},
     }
 
 
@@ -115,8 +136,8 @@ def bench(args: argparse.Namespace) -> list[Row]:
             keep = make_policy(cfg, backend="torch" if not on_gpu else "triton").select(regions)
             sketch = torch.randn((n_req, args.layers, args.head_dim, cfg.sketch_rank), device=device)
             fits = _reference_fits(n_req, cfg, args.layers, args.q_heads, limit)
-            for name, fn in _cases(cfg, regions, sketch, score, noise, keep).items():
-                heavy = name in ("window_attention", "vase_round")
+            for name, fn in _cases(cfg, regions, sketch, score, noise, keep, args.policies).items():
+                heavy = name == "window_attention" or name.endswith("_round")
                 t_ms = _time(functools.partial(fn, "torch"), device, args.repeat) if (fits or not heavy) else None
                 k_ms = _time(functools.partial(fn, "triton"), device, args.repeat) if time_triton else None
                 rows.append(Row(name, n_req, budget, t_ms, k_ms))
@@ -146,6 +167,15 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _policies(text: str) -> list[str]:
+    from ..registry import EVICTING
+
+    names = [x for x in text.split(",") if x]
+    if bad := [x for x in names if x not in EVICTING]:
+        raise argparse.ArgumentTypeError(f"unknown evicting policy {bad[0]!r}; choose from {', '.join(EVICTING)}")
+    return names
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     gpu = torch.cuda.is_available()
     p = argparse.ArgumentParser(prog="python -m vase_sglang.bench.kernels", description=__doc__,
@@ -161,6 +191,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=128 if gpu else 64, help="head dim (Qwen3-8B: 128)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16" if gpu else "fp32")
     p.add_argument("--repeat", type=int, default=10 if gpu else 3, help="timed repetitions (median is reported)")
+    p.add_argument("--policies", type=_policies, default=[],
+                   help="comma-separated evicting policies: one whole-round row each (vase's is always there)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     return p.parse_args(argv)
 

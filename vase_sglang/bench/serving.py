@@ -176,9 +176,18 @@ def sglang_bench(server: ServerProcess, st: argparse.Namespace, result: Path, wo
     return json.loads(lines[-1])
 
 
+def _round_seconds(kv_policy: dict) -> float | None:
+    """Seconds in eviction rounds since the server started: ranks evict in parallel, so the
+    slowest rank's rounds are what the batch waited for."""
+    per_rank = kv_policy.get("totals", {}).get("per_rank", [])
+    return max((x["round_seconds_total"] for x in per_rank if x.get("round_seconds_total") is not None),
+               default=None)
+
+
 def measure(server: ServerProcess, arm: str, pool: int, st: argparse.Namespace, logs: Path, workdir: Path,
             round_index: int = 0) -> dict:
     before, samples, done = scrape(server.url), [], threading.Event()
+    rounds_before = _round_seconds(requests.get(server.url + "/kv_policy", timeout=30).json())
 
     def sample() -> None:  # running requests and KV tokens in use are gauges: only polling sees their peaks
         while not done.wait(SAMPLE_PERIOD_S):
@@ -197,9 +206,10 @@ def measure(server: ServerProcess, arm: str, pool: int, st: argparse.Namespace, 
            for k, (n, e) in enumerate(zip(b["output_lens"], b["errors"], strict=True)) if e or n != st.output_len]
     running = [m.get("sglang:num_running_reqs", 0.0) for m in samples]
     busy = [r for r in running if r > 0]  # the samples while the server had work
-    # Ranks evict in parallel: the slowest rank's rounds are what the batch waited for.
     per_rank = kv_policy.get("totals", {}).get("per_rank", [])
-    secs = max((x["round_seconds_total"] for x in per_rank if x.get("round_seconds_total") is not None), default=None)
+    secs = _round_seconds(kv_policy)
+    # This batch's rounds: a server kept up through several rounds has run earlier ones.
+    run_secs = secs - (rounds_before or 0.0) if secs is not None else None
     telemetry_secs = [float(t["seconds_total"]) for t in (x.get("telemetry") or {} for x in per_rank)
                       if t.get("seconds_total") is not None]
     telemetry = max(telemetry_secs, default=None)
@@ -214,8 +224,8 @@ def measure(server: ServerProcess, arm: str, pool: int, st: argparse.Namespace, 
         "metrics_samples": len(samples), "retractions": int(after.get(RETRACTED, 0) - before.get(RETRACTED, 0)),
         **{f"{k}_s": {"p50": b[f"median_{k}_ms"] / 1e3, "p99": b[f"p99_{k}_ms"] / 1e3, "n": n[k]} for k in n},
         # The round cost in the same run as the decode steps it interrupts (each server runs one batch).
-        "kv_policy_state": kv_policy, "round_seconds_total": secs,
-        "round_share_of_wall": secs / b["duration"] if secs is not None else None,
+        "kv_policy_state": kv_policy, "round_seconds_total": secs, "round_seconds": run_secs,
+        "round_share_of_wall": run_secs / b["duration"] if run_secs is not None else None,
         # The telemetry's own host seconds since the server started (per_rank's seconds_total).
         "telemetry_seconds_total": telemetry,
         "output_lens": b["output_lens"], "sglang_bench_result": str(result),
@@ -225,9 +235,9 @@ def measure(server: ServerProcess, arm: str, pool: int, st: argparse.Namespace, 
 
 RATIO_KEYS = {"throughput": lambda r: r["output_tok_s"], "peak_running": lambda r: r["running_peak"],
               "tpot_p50": lambda r: r["tpot_s"]["p50"], "itl_p50": lambda r: r["itl_s"]["p50"],
-              # Seconds in eviction rounds over the same requests (so the same rounds at one budget):
-              # the per-round cost of two evicting policies; None against the full cache.
-              "round_seconds": lambda r: r.get("round_seconds_total")}
+              # Seconds in this batch's eviction rounds (the same rounds at one budget): the
+              # per-round cost of two evicting policies; None against the full cache.
+              "round_seconds": lambda r: r.get("round_seconds")}
 
 
 def ratios(results: list[dict], pair: tuple[str, str] = ("none", "vase")) -> list[dict]:
