@@ -157,3 +157,15 @@ def test_the_table_travels_to_every_process(monkeypatch: pytest.MonkeyPatch) -> 
     assert exported_auto() == table
     export_config(PolicyConfig(policy="vase", budget=64, recent=32))
     assert exported_auto() is None
+
+
+def test_a_table_that_may_choose_a_stateful_policy_makes_the_server_keep_score_state() -> None:
+    from vase_sglang.plugin.options import keeps_state
+    from vase_sglang.plugin.scheduler import score_state_bytes_per_request
+
+    server = PolicyConfig(policy="streamingllm", budget=128, recent=32)
+    table = AutoTable({64: {"policy": "gkv"}, 128: {"policy": "h2o"}}, "t.json")
+    assert not keeps_state(server) and keeps_state(server, table)
+    assert score_state_bytes_per_request(server, 2, 2, table) == 4 * 2 * 2 * server.region_size
+    assert table.choose(100).policy == "gkv" and table.choose(128).policy == "h2o"
+    assert {"gkv", "h2o"} <= {c.policy for c in warmup_configs(server, table)}
