@@ -68,7 +68,11 @@ def test_a_retracted_request_is_evicted_back_to_its_budget_and_matches_the_refer
                 logits = ref.step(token)
         assert not pending, f"re-prefill points {reprefills} past the output"
         assert ref.rounds == meta["kv_eviction_rounds"]
-        assert ref.region_length <= REGION  # the reference, bounded the same way
+        # The reference is bounded the same way, except when a re-prefill produced the last
+        # token: then, as on the server, the whole history sits in the region and no decode
+        # step follows to run the round that brings it back (kv_region_len is as of the last
+        # decode step).
+        assert ref.region_length <= REGION or reprefills[-1] == n_new - 1, (ref.region_length, reprefills[-3:])
         server_lp = [lp for lp, _, _ in meta["output_token_logprobs"]]
         diffs = [abs(a - b) for a, b in zip(server_lp, ref_lp, strict=True)]
         worst = max(diffs)

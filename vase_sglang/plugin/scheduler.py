@@ -114,7 +114,7 @@ class RequestState:
 class RequestCounters:
     """A request's eviction so far, as its meta_info reports it (``kv_<field>``)."""
 
-    region_len: int  # physical KV length of the region
+    region_len: int  # physical KV length of the region, as of the last decode step
     evicted_tokens: int  # per (layer, KV head)
     eviction_rounds: int
     reprefilled_tokens: str  # generated tokens re-prefilled after each retraction, comma-separated
