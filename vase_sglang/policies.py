@@ -156,6 +156,17 @@ class Regions:
         )
 
 
+def carried_scores(state: torch.Tensor, rows: torch.Tensor, n_cand: int) -> torch.Tensor:
+    """``[n_req, layers, H, n_cand]``: the scores the candidates of rows ``rows`` of a score
+    state ``[n_rows, layers, H, W]`` carry into a round (``Regions.state``). After a
+    re-prefill a region may hold more candidates than the state has places; those were
+    reset to 0 when the region restarted, so they read 0."""
+    width = min(n_cand, state.shape[-1])
+    out = state.new_zeros((rows.shape[0], *state.shape[1:3], n_cand))
+    out[..., :width] = state[rows.long(), :, :, :width]
+    return out
+
+
 @dataclass
 class Scores:
     """What a policy's ``score`` returns: ``[n_req, n_layers, H, C]`` float32 tensors.

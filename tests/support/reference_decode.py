@@ -15,7 +15,7 @@ from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
 from vase_sglang.config import PolicyConfig
 from vase_sglang.kernels import ops
-from vase_sglang.policies import Regions, make_policy
+from vase_sglang.policies import Regions, carried_scores, make_policy
 
 
 class ReferenceDecoder:
@@ -102,11 +102,8 @@ class ReferenceDecoder:
         values = torch.stack(self.region_v)[None]
         queries = torch.stack(self.window_q)[None]
         regions = Regions.from_dense(keys, values, queries, seeds=[self.seed], rounds=[self.rounds])
-        if self.state is not None:  # after a re-prefill the region may hold more candidates than places
-            n_cand = regions.n_candidates(cfg.recent)
-            regions.state = torch.zeros((1, self.n_layers, self.hkv, n_cand))
-            width = min(n_cand, self.state.shape[-1])
-            regions.state[..., :width] = self.state[..., :width]
+        if self.state is not None:
+            regions.state = carried_scores(self.state, torch.tensor([0]), regions.n_candidates(cfg.recent))
         selection = self.policy.selection(regions)
         keep = selection.keep[0]  # [layers, H, B]
         if self.state is not None:

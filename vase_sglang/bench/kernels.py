@@ -34,7 +34,7 @@ import torch
 
 from ..config import PolicyConfig
 from ..kernels import ops
-from ..policies import Regions, make_policy
+from ..policies import Regions, carried_scores, make_policy
 
 
 @dataclass
@@ -92,13 +92,12 @@ def _round(cfg: PolicyConfig, regions: Regions, backend: str) -> None:
     """One round's choice with ``cfg``'s policy, and its carried scores moved (stateful)."""
     policy = make_policy(cfg, backend=backend)
     if policy.stateful:
-        n_cand = regions.n_candidates(cfg.recent)
         state = torch.zeros((regions.n_req, regions.n_layers, regions.n_heads, cfg.region_size),
                             device=regions.device)
-        regions = dataclasses.replace(regions, state=state[..., :n_cand])
+        rows = torch.arange(regions.n_req, device=regions.device)
+        regions = dataclasses.replace(regions, state=carried_scores(state, rows, regions.n_candidates(cfg.recent)))
     selection = policy.selection(regions)
     if selection.carry is not None:
-        rows = torch.arange(regions.n_req, device=regions.device)
         ops.carry_scores(state, rows, selection.carry, selection.keep, backend=backend)
 
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from vase_sglang.kernels import ops
-from vase_sglang.policies import Policy, Regions
+from vase_sglang.policies import Policy, Regions, carried_scores
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -253,7 +253,8 @@ class BatchedDecoder:
         seeds = arm.row_seeds if arm.row_seeds is not None else [arm.seed] * n
         regions = Regions.from_dense(keys, values, queries, seeds=seeds, rounds=[arm.rounds] * n)
         if arm.state is not None:
-            regions.state = arm.state[..., : regions.n_candidates(policy.config.recent)].clone()
+            regions.state = carried_scores(arm.state, torch.arange(n, device=self.device),
+                                           regions.n_candidates(policy.config.recent))
         selection = policy.selection(regions, measure=arm.measure)
         keep = selection.keep  # [N, layers, H, B]
         if arm.state is not None and selection.carry is not None:

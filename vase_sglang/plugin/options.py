@@ -359,9 +359,6 @@ def validate_with_reason(server: PolicyConfig, custom_params: Mapping[str, Any] 
         raise PolicyConfigError("kv_policy", policy, f"needs attention queries, which the server's --kv-policy "
                                 f"{server.policy} does not capture with --kv-telemetry off; "
                                 f"use one of {', '.join(QUERY_FREE)}")
-    if POLICIES[cfg.policy].stateful and not keeps_state(server, auto, telemetry):
-        raise PolicyConfigError("kv_policy", policy, f"keeps scores across rounds, which the server's --kv-policy "
-                                f"{server.policy} has no room for; start the server with it")
     return cfg, seed, reason
 
 

@@ -58,7 +58,7 @@ import torch
 
 from ..config import PolicyConfig
 from ..kernels import ops
-from ..policies import Policy, Regions, RoundShape, Selection, make_policy
+from ..policies import Policy, Regions, RoundShape, Selection, carried_scores, make_policy
 from ..sharding import HeadShard
 from ..telemetry import Loop
 from . import metrics
@@ -426,11 +426,9 @@ class VaseScheduler:
         # First decode, or re-prefilled after a retraction: rounds and evicted go on, the
         # region restarts after the prompt (or the tree-owned prefix, if longer) and positions
         # are physical again (the re-prefill recomputed every token at its own position).
-        committed, start = int(req.kv.kv_committed_len), self._region_start(req)
-        if committed > start:  # generated tokens came back with a re-prefill
-            st.reprefilled.append(committed - start)
+        start = self._count_reprefill(req, st)
         st.row, st.generation, st.region_start = row, generation, start
-        st.compacted, st.region_len = False, committed - start
+        st.compacted, st.region_len = False, int(req.kv.kv_committed_len) - start
         self.position_offset_by_row[row] = 0
         if self.score_state is not None:  # no round has scored this region's tokens yet
             self.score_state[row] = 0
@@ -441,11 +439,15 @@ class VaseScheduler:
         return st
 
     @staticmethod
-    def _region_start(req: sg.Req) -> int:
-        """The first column of a region starting now: after the prompt, or after the
-        tree-owned prefix if that is longer."""
+    def _count_reprefill(req: sg.Req, st: RequestState) -> int:
+        """The first column of a region starting now (after the prompt, or after the
+        tree-owned prefix if that is longer); generated tokens before it came back with a
+        re-prefill, and are counted in the request's report."""
         committed = int(req.kv.kv_committed_len)
-        return min(committed, max(len(req.origin_input_ids), int(req.kv.cache_protected_len or 0)))
+        start = min(committed, max(len(req.origin_input_ids), int(req.kv.cache_protected_len or 0)))
+        if committed > start:
+            st.reprefilled.append(committed - start)
+        return start
 
     def _note_final_reprefill(self, req: sg.Req, st: RequestState) -> None:
         """A re-prefill whose first token finishes the request has no decode step, so no
@@ -458,9 +460,7 @@ class VaseScheduler:
         generation = int(self.req_to_token_pool.req_generation[row])
         if (st.row, st.generation) == (row, generation):
             return
-        committed, start = int(req.kv.kv_committed_len), self._region_start(req)
-        if committed > start:
-            st.reprefilled.append(committed - start)
+        self._count_reprefill(req, st)
         st.row, st.generation = row, generation  # counted once
 
     def _run_rounds(self, items: Sequence[tuple[RequestState, torch.Tensor, int]]) -> None:
@@ -537,19 +537,13 @@ class VaseScheduler:
         return selection
 
     def _carried(self, policy: Policy, slots: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
-        """``[n_req, layers, KV heads, C]``: the scores a stateful policy's candidates carry.
-        After a re-prefill a region may hold more candidates than the state has places;
-        they were all reset to 0 when the region restarted."""
+        """``[n_req, layers, KV heads, C]``: the scores a stateful policy's candidates carry."""
         if not policy.stateful:
             return None
         if self.score_state is None:
             raise RuntimeError(f"vase-sglang: policy {policy.name} keeps scores across rounds, and this server "
                                "allocated no score state (start it with a stateful --kv-policy)")
-        n_cand = slots.shape[1] - policy.config.recent
-        width = min(n_cand, self.score_state.shape[-1])
-        carried = self.score_state.new_zeros((slots.shape[0], self.n_layers, self.kv_heads, n_cand))
-        carried[..., :width] = self.score_state[rows, :, :, :width]
-        return carried
+        return carried_scores(self.score_state, rows, slots.shape[1] - policy.config.recent)
 
     def _check_queries(self, rows: torch.Tensor) -> None:
         # An unhooked backend leaves every layer empty: the first layer and head tell.
