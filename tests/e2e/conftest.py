@@ -35,6 +35,17 @@ def retract_server(request, tiny_model, server_dir):
 
 
 @pytest.fixture(scope="module")
+def triton_kernel_server(request, tiny_model, server_dir):
+    """The GPU path's Triton kernels (scoring, selection, compaction, score carry) run in
+    the interpreter inside a CPU server, with SGLang's test retractions on. One retraction
+    every 50 forwards, not SGLang's default 3: each re-prefill runs a round on the whole
+    history, and in the interpreter that round costs about a second."""
+    return start_server(request, "triton-kernels", tiny_model, server_dir, *VASE_ARGS,
+                        env={"VASE_KERNEL_BACKEND": "triton", "TRITON_INTERPRET": "1", "SGLANG_TEST_RETRACT": "1",
+                             "SGLANG_TEST_RETRACT_INTERVAL": "50"})
+
+
+@pytest.fixture(scope="module")
 def admission_server(request, tiny_model, server_dir):
     return start_server(request, "admission", tiny_model, server_dir, *VASE_ARGS, "--decode-log-interval", "10",
                         max_total_tokens=ADMISSION_POOL)

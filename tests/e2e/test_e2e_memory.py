@@ -6,9 +6,8 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from support.constants import ADMISSION_POOL, PROMPT, REGION, SEED, B, R
-from support.e2e import greedy, record, tokens, wait_idle
-from support.reference_decode import ReferenceDecoder
+from support.constants import ADMISSION_POOL, PROMPT, REGION
+from support.e2e import assert_matches_reference, greedy, record, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -34,11 +33,11 @@ def test_a_retracted_request_is_evicted_back_to_its_budget_and_matches_the_refer
     the region back to B. A stateful policy's scores start again from nothing then (the
     queries that earned them are gone).
     The reference loop re-prefills at the same points (meta_info ``kv_reprefilled_tokens``)
-    and must give the same log-probs."""
+    and must give the same log-probs. Requests that were not retracted are not compared:
+    see test_e2e_triton_kernels' docstring for why their value-range ties can break
+    differently."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from vase_sglang.config import PolicyConfig
 
     n_new = 360  # rounds before and after the retractions
     prompts = [PROMPT + [90 + i] for i in range(4)]
@@ -50,37 +49,8 @@ def test_a_retracted_request_is_evicted_back_to_its_budget_and_matches_the_refer
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     worst_by_request = []
     for prompt, out in retracted:
-        meta = out["meta_info"]
-        reprefills = [int(g) for g in meta["kv_reprefilled_tokens"].split(",")]
-        assert meta["kv_region_len"] <= REGION and meta["completion_tokens"] == n_new
-        ref = ReferenceDecoder(model, PolicyConfig(policy=policy, budget=B, recent=R), seed=SEED)
-        logits = ref.prefill(prompt)
-        toks = tokens(out)
-        ref_lp, pending = [], list(reprefills)
-        for i, token in enumerate(toks):
-            ref_lp.append(torch.log_softmax(logits, -1)[token].item())
-            if i + 1 == len(toks):  # the server never feeds its last token (nor runs a round for it)
-                break
-            if pending and pending[0] == i + 1:  # retracted after i + 1 tokens: re-prefilled them
-                pending.pop(0)
-                logits = ref.reprefill(prompt, toks[: i + 1])
-            else:
-                logits = ref.step(token)
-        assert not pending, f"re-prefill points {reprefills} past the output"
-        assert ref.rounds == meta["kv_eviction_rounds"]
-        # The reference is bounded the same way, except when a re-prefill produced the last
-        # token: then, as on the server, the whole history sits in the region and no decode
-        # step follows to run the round that brings it back (kv_region_len is as of the last
-        # decode step).
-        assert ref.region_length <= REGION or reprefills[-1] == n_new - 1, (ref.region_length, reprefills[-3:])
-        server_lp = [lp for lp, _, _ in meta["output_token_logprobs"]]
-        diffs = [abs(a - b) for a, b in zip(server_lp, ref_lp, strict=True)]
-        worst = max(diffs)
-        first = next((i for i, d in enumerate(diffs) if d >= 1e-4), None)
-        assert worst < 1e-4, (f"re-prefilled at {reprefills}: max |logprob diff| = {worst}, first at token {first} "
-                              f"(diffs from there: {[round(d, 5) for d in diffs[first:first + 8]]}), "
-                              f"{meta['kv_eviction_rounds']} rounds")
-        worst_by_request.append(worst)
+        assert out["meta_info"]["completion_tokens"] == n_new
+        worst_by_request.append(assert_matches_reference(model, policy, prompt, out))
     assert wait_idle(retract_server) == 0
     if policy != "vase":
         return

@@ -54,3 +54,52 @@ def record(name: str, figures: dict[str, Any]) -> Path | None:
     path.write_text(json.dumps({"measured_by": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
                                 **figures}, indent=2) + "\n")
     return path
+
+
+def assert_matches_reference(model, policy: str, prompt: list[int], out: dict, tol: float = 1e-4,
+                             backend: str = "torch") -> float:
+    """Replay one served request in the reference decode loop and return the largest
+    |log-prob| gap, failing when it reaches ``tol`` or the rounds or region differ.
+
+    Teacher-forced on the server's tokens, with the server's policy, seed and kernel
+    ``backend`` (the twins agree to rounding, and on a random-weight model's near-uniform
+    attention a rounding difference can flip which token is kept). The loop
+    re-prefills where the server did (meta_info ``kv_reprefilled_tokens``) and, like the
+    server, never feeds the last token (nor runs a round for it). The region is bounded
+    by B + R except when a re-prefill produced the last token: then, as on the server,
+    the whole history sits in the region and no decode step follows to run the round
+    that brings it back (``kv_region_len`` is as of the last decode step).
+    """
+    import torch
+
+    from support.constants import REGION, SEED, B, R
+    from support.reference_decode import ReferenceDecoder
+    from vase_sglang.config import PolicyConfig
+
+    meta = out["meta_info"]
+    reprefills = [int(g) for g in meta["kv_reprefilled_tokens"].split(",")] if meta["kv_reprefilled_tokens"] else []
+    toks = tokens(out)
+    ref = ReferenceDecoder(model, PolicyConfig(policy=policy, budget=B, recent=R), seed=SEED, backend=backend)
+    logits = ref.prefill(prompt)
+    ref_lp, pending = [], list(reprefills)
+    for i, token in enumerate(toks):
+        ref_lp.append(torch.log_softmax(logits, -1)[token].item())
+        if i + 1 == len(toks):
+            break
+        if pending and pending[0] == i + 1:  # retracted after i + 1 tokens: re-prefilled them
+            pending.pop(0)
+            logits = ref.reprefill(prompt, toks[: i + 1])
+        else:
+            logits = ref.step(token)
+    assert not pending, f"re-prefill points {reprefills} past the output"
+    assert ref.rounds == meta["kv_eviction_rounds"], (ref.rounds, meta["kv_eviction_rounds"])
+    assert meta["kv_region_len"] <= REGION
+    assert ref.region_length <= REGION or reprefills[-1] == len(toks) - 1, (ref.region_length, reprefills[-3:])
+    server_lp = [lp for lp, _, _ in meta["output_token_logprobs"]]
+    diffs = [abs(a - b) for a, b in zip(server_lp, ref_lp, strict=True)]
+    worst = max(diffs)
+    first = next((i for i, d in enumerate(diffs) if d >= tol), None)
+    assert worst < tol, (f"re-prefilled at {reprefills}: max |logprob diff| = {worst}, first at token {first} "
+                         f"(diffs from there: {[round(d, 5) for d in diffs[first:first + 8]]}), "
+                         f"{meta['kv_eviction_rounds']} rounds")
+    return worst

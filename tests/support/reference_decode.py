@@ -19,10 +19,11 @@ from vase_sglang.policies import Regions, carried_scores, make_policy
 
 
 class ReferenceDecoder:
-    def __init__(self, model, cfg: PolicyConfig | None = None, seed: int | None = None):
+    def __init__(self, model, cfg: PolicyConfig | None = None, seed: int | None = None, backend: str = "torch"):
         self.model = model.eval()
         self.cfg = cfg if cfg is not None and cfg.evicts else None
-        self.policy = make_policy(self.cfg, backend="torch") if self.cfg else None
+        self.backend = backend  # the policy's kernels: "triton" replays a server that ran the Triton kernels
+        self.policy = make_policy(self.cfg, backend=backend) if self.cfg else None
         self.seed = seed if seed is not None else 0
         mc = model.config
         self.n_layers = mc.num_hidden_layers
@@ -107,7 +108,7 @@ class ReferenceDecoder:
         selection = self.policy.selection(regions)
         keep = selection.keep[0]  # [layers, H, B]
         if self.state is not None:
-            ops.carry_scores(self.state, torch.tensor([0]), selection.carry, selection.keep, backend="torch")
+            ops.carry_scores(self.state, torch.tensor([0]), selection.carry, selection.keep, backend=self.backend)
         idx = keep[..., None].expand(-1, -1, -1, self.head_dim)
         kept_k = torch.gather(keys[0], 2, idx)
         kept_v = torch.gather(values[0], 2, idx)
