@@ -13,11 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 import torch
-from support.constants import PROMPT, REGION, SEED, B, R
-from support.e2e import greedy, launch, tokens, wait_idle
-from support.reference_decode import ReferenceDecoder
-
-from vase_sglang.config import PolicyConfig
+from support.constants import PROMPT, REGION, B, R
+from support.e2e import assert_matches_reference, greedy, launch, tokens, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -81,18 +78,9 @@ def test_logits_match_a_reference_decode_loop_after_several_rounds(vase_server, 
     extra = {} if policy == "vase" else {"custom_params": {"kv_policy": policy}}
     out = greedy(vase_server, 400, **extra)
     assert out["meta_info"]["kv_eviction_rounds"] >= 5 and out["meta_info"]["kv_policy"] == policy
-    server_lp = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+    assert not out["meta_info"]["kv_reprefilled_tokens"]
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    ref = ReferenceDecoder(model, PolicyConfig(policy=policy, budget=B, recent=R), seed=SEED)
-    logits = ref.prefill(PROMPT)
-    ref_lp = []
-    for token in tokens(out)[:-1]:  # the server never feeds its last token (nor runs a round for it)
-        ref_lp.append(torch.log_softmax(logits, -1)[token].item())
-        logits = ref.step(token)
-    ref_lp.append(torch.log_softmax(logits, -1)[tokens(out)[-1]].item())
-    assert ref.rounds == out["meta_info"]["kv_eviction_rounds"]
-    worst = max(abs(a - b) for a, b in zip(server_lp, ref_lp, strict=True))
-    assert worst < LOGPROB_TOL, f"max |logprob diff| = {worst}"
+    assert_matches_reference(model, policy, PROMPT, out, tol=LOGPROB_TOL)
 
 
 def _prompt_300() -> list[int]:
