@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import triton
 
 # Every compiled variant launched in this process: (kernel, constexpr values, tensor dtypes).
-# Triton compiles one binary per such key (runtime ints are marked do_not_specialize), so
+# Triton compiles one binary per such key (ints that vary between rounds, including strides
+# that follow the region's length, are marked do_not_specialize), so
 # a key first seen while serving is a JIT compile in the middle of a decode step; the
-# start-up warm-up (``vase_sglang.warmup``) launches every key serving can need.
+# start-up warm-up (``VaseScheduler.warm_up`` in plugin/scheduler.py) launches every key
+# serving can need.
 LAUNCHED: set[tuple[Any, ...]] = set()
+
+# Called as ``hook(kernel, args, constexprs)`` before every launch, with the constexprs a
+# GPU launch would pass (see ``launch``): the offline compile check
+# (``vase_sglang.compile_check``) records the variants the warm-up launches this way.
+LAUNCH_HOOKS: list[Callable[[Any, tuple[Any, ...], dict[str, Any]], None]] = []
+GPU = torch.device("cuda")
+# Set by the offline compile check's record phase, which needs the launches' arguments
+# only: the hooks see every launch and no kernel runs (its outputs stay uninitialized).
+RECORD_ONLY = False
 
 
 def pow2(n: int, minimum: int = 16) -> int:
@@ -33,12 +45,26 @@ def dot_in_fp32(device: torch.device) -> bool:
     return device.type != "cuda"
 
 
-def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **constexprs: Any) -> None:
-    """Launch ``kernel`` and record the variant it compiles to (see ``LAUNCHED``)."""
+def dot_options(dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    """The constexprs of a kernel with ``tl.dot`` that depend on where it runs."""
+    return {"DOT_PRECISION": dot_precision(dtype, device), "DOT_FP32": dot_in_fp32(device)}
+
+
+def launch(kernel: Any, grid: tuple[int, ...], *args: Any, gpu: dict[str, Any] | None = None,
+           **constexprs: Any) -> None:
+    """Launch ``kernel`` and record the variant it compiles to (see ``LAUNCHED``).
+
+    ``gpu``: the values a GPU launch gives the device-dependent constexprs (``dot_options``
+    on a CUDA device); the launch hooks see those, so a check running the interpreter
+    records the variants a GPU server compiles.
+    """
     dtypes = tuple(str(a.dtype) for a in args if isinstance(a, torch.Tensor))
     name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", repr(kernel))
     LAUNCHED.add((name, tuple(sorted(constexprs.items())), dtypes))
-    kernel[grid](*args, **constexprs)
+    for hook in LAUNCH_HOOKS:
+        hook(kernel, args, {**constexprs, **(gpu or {})})
+    if not RECORD_ONLY:
+        kernel[grid](*args, **constexprs)
 
 
 def check_layout(k_buf: torch.Tensor, slots: torch.Tensor) -> None:

@@ -21,7 +21,7 @@ from ._common import check_layout, launch, pow2
 SCRATCH_BYTES = 256 << 20
 
 
-@triton.jit(do_not_specialize=["B", "layer0"])
+@triton.jit(do_not_specialize=["B", "layer0", "s_sr", "s_kr", "s_kl", "s_kh"])
 def _move_kernel(
     buf_ptr, slots_ptr, keep_ptr, scratch_ptr,
     B, D, n_heads, layer0,
@@ -80,7 +80,7 @@ def compact(k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, keep:
                        TO_SCRATCH=to_scratch, BLOCK_J=block_j, BLOCK_D=pow2(d))
 
 
-@triton.jit(do_not_specialize=["B", "C", "W"])
+@triton.jit(do_not_specialize=["B", "C", "W", "s_cr", "s_cl", "s_ch", "s_kr", "s_kl", "s_kh"])
 def _carry_kernel(
     state_ptr, rows_ptr, carry_ptr, keep_ptr,
     B, C, W, n_heads,

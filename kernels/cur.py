@@ -6,10 +6,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_layout, dot_in_fp32, dot_precision, launch, pow2
+from ._common import GPU, check_layout, dot_options, launch, pow2
 
 
-@triton.jit(do_not_specialize=["C", "n_layers"])
+@triton.jit(do_not_specialize=["C", "n_layers", "s_sr"])
 def _cur_kernel(
     k_ptr, v_ptr, slots_ptr, g_ptr, out_ptr,
     C, D, RANK, n_layers,
@@ -60,7 +60,7 @@ def cur_score(k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, ske
     launch(_cur_kernel, (n_req * n_layers, n_heads, triton.cdiv(c, block_c)),
            k_buf, v_buf, slots, sketch, out, c, d, rank, n_layers,
            *k_buf.stride(), *v_buf.stride(), *slots.stride(), *sketch.stride(),
-           BLOCK_C=block_c, BLOCK_D=pow2(d), BLOCK_K=pow2(rank), DOT_PRECISION=dot_precision(k_buf.dtype, k_buf.device),
-           DOT_FP32=dot_in_fp32(k_buf.device))
+           BLOCK_C=block_c, BLOCK_D=pow2(d), BLOCK_K=pow2(rank), gpu=dot_options(k_buf.dtype, GPU),
+           **dot_options(k_buf.dtype, k_buf.device))
     # Normalising is one reduction over a small tensor; torch does it as well as a kernel.
     return out / out.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)

@@ -115,9 +115,14 @@ def key_redundancy(k_buf: torch.Tensor, slots: torch.Tensor, backend: str | None
 
 def select(fill_key: torch.Tensor, n_sink: int, n_large: int, n_fill: int,
            reserve_key: torch.Tensor | None = None, noise: torch.Tensor | None = None,
-           reserve_count: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
-    return _impl("select", fill_key.device, backend)(fill_key, n_sink, n_large, n_fill, reserve_key, noise,
-                                                     reserve_count)
+           reserve_count: torch.Tensor | None = None, backend: str | None = None,
+           max_block: int | None = None) -> torch.Tensor:
+    """``max_block``: the widest row block the Triton kernel may compile; wider rows run the
+    torch twin (same result), so no round compiles a kernel mid-decode."""
+    impl = _impl("select", fill_key.device, backend)
+    if impl is reference.select:
+        return impl(fill_key, n_sink, n_large, n_fill, reserve_key, noise, reserve_count)
+    return impl(fill_key, n_sink, n_large, n_fill, reserve_key, noise, reserve_count, max_block=max_block)
 
 
 def outlier_count(reserve_key: torch.Tensor, n_sink: int, factor: float, cap: int,

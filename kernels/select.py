@@ -9,6 +9,12 @@ One program per row sorts the whole row once per stage. Each key is packed into 
 as (order-preserving float bits << 32 | ~position), so a single integer sort gives a
 descending order with ties broken towards the lower position, exactly like a stable
 descending ``torch.sort``.
+
+``BLOCK`` (the row, padded to a power of two) is the only compile-time constant that
+depends on the number of candidates. A server compiles the blocks its budgets reach at
+start-up and passes the largest as ``max_block``: a wider row (the first round after a
+re-prefill of a long history) runs the torch twin on the same device instead of compiling
+a new variant in the middle of a decode step.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import reference
 from ._common import launch
 
 
@@ -70,6 +77,13 @@ def _select_kernel(
     tl.store(out_row + n_sink + n_res + offs, _unpack_pos(ranked), mask=offs < n_fill + n_large - n_res)
 
 
+def warps(block: int) -> int:
+    """Warps per row: a thread holds ``block / (32 * warps)`` int64 keys through two sorts,
+    so the warps grow with the block (at 4 warps, BLOCK = 4,096 needs 255 registers and
+    spills on sm_80; at 16 it needs 128 and does not)."""
+    return min(32, max(4, block // 256))
+
+
 def select(
     fill_key: torch.Tensor,
     n_sink: int,
@@ -78,8 +92,12 @@ def select(
     reserve_key: torch.Tensor | None = None,
     noise: torch.Tensor | None = None,
     reserve_count: torch.Tensor | None = None,
+    max_block: int | None = None,
 ) -> torch.Tensor:
     c = fill_key.shape[-1]
+    block = triton.next_power_of_2(c)
+    if max_block is not None and block > max_block:
+        return reference.select(fill_key, n_sink, n_large, n_fill, reserve_key, noise, reserve_count)
     if n_sink + n_large + n_fill > c:
         raise ValueError(f"cannot keep {n_sink + n_large + n_fill} of {c} candidates")
     if n_large > 0 and reserve_key is None:
@@ -96,5 +114,5 @@ def select(
     if rows.shape[0] > 0:
         launch(_select_kernel, (rows.shape[0],), rows, reserve, noise_rows, counts, out, c, n_sink, n_large, n_fill,
                n_out, HAS_RESERVE=n_large > 0, HAS_NOISE=noise is not None, HAS_COUNT=has_count,
-               BLOCK=triton.next_power_of_2(c))
+               BLOCK=block, num_warps=warps(block))
     return out.reshape(*lead, n_out)

@@ -11,7 +11,7 @@ from ._common import check_layout, launch, pow2
 STAT_IDS = {"range": 0, "l2": 1, "variance": 2, "absmax": 3}
 
 
-@triton.jit(do_not_specialize=["C", "n_layers"])
+@triton.jit(do_not_specialize=["C", "n_layers", "s_sr"])
 def _value_stat_kernel(
     v_ptr, slots_ptr, out_ptr,
     C, D, n_layers,

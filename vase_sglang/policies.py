@@ -233,9 +233,12 @@ class Policy:
         cls.needs_queries, cls.draws_noise = entry.reads_queries, entry.draws_noise
         cls.stateful, cls.evicts = entry.stateful, entry.evicts
 
-    def __init__(self, config: PolicyConfig, backend: str | None = None):
+    def __init__(self, config: PolicyConfig, backend: str | None = None, max_select_block: int | None = None):
+        """``max_select_block``: the widest selection block the server compiled at start-up
+        (``ops.select``); a wider round selects with the torch twin instead of compiling."""
         self.config = config
         self.backend = backend
+        self.max_select_block = max_select_block
 
     # -- to implement ---------------------------------------------------------------
     def score(self, regions: Regions) -> Scores:
@@ -336,7 +339,7 @@ class Policy:
         if n_large and scores.reserve is not None and cfg.outlier_factor is not None:  # only the outliers
             counts = ops.outlier_count(scores.reserve, cfg.sinks, cfg.outlier_factor, n_large, backend=self.backend)
         kept = ops.select(scores.fill, cfg.sinks, n_large, n_fill, scores.reserve, noise, counts,
-                          backend=self.backend)
+                          backend=self.backend, max_block=self.max_select_block)
         return torch.cat([kept, self._recent(regions)], dim=-1), scores
 
     def _recent(self, regions: Regions) -> torch.Tensor:
@@ -567,5 +570,5 @@ class EvictLargeValues(Policy):
 PILOT_POLICIES: dict[str, type[Policy]] = {EvictLargeValues.name: EvictLargeValues}
 
 
-def make_policy(config: PolicyConfig, backend: str | None = None) -> Policy:
-    return POLICIES[config.policy](config, backend=backend)
+def make_policy(config: PolicyConfig, backend: str | None = None, max_select_block: int | None = None) -> Policy:
+    return POLICIES[config.policy](config, backend=backend, max_select_block=max_select_block)

@@ -28,6 +28,8 @@ SHAPES = [
     (96, 32, 2, 1, 2, 4, 24),
     (192, 64, 1, 2, 1, 3, 32),
 ]
+# Rows wider than 512 bytes (head_dim 160 in fp32, padded to 256): half-height row tiles.
+WIDE_ROWS = (96, 32, 1, 1, 1, 2, 160)
 
 
 def _regions(shape: tuple, dtype: torch.dtype = torch.float32):
@@ -180,7 +182,7 @@ def test_backend_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
         ops.resolve_backend(torch.device("cpu"), "cuda")
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", [*SHAPES, WIDE_ROWS])
 def test_window_attention_probs_rows_sum_to_one(shape: tuple) -> None:
     cfg, r = _regions(shape)
     cand = r.candidates(cfg.recent)

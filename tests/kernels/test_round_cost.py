@@ -2,8 +2,8 @@
 
 * dots on tensor cores: no kernel hard-codes fp32 ``ieee`` dots, and bf16 pools stay
   within a stated tolerance of the fp32 reference;
-* K loaded once per KV head: the window-attention programs run per KV head, with the
-  whole GQA group's queries stacked;
+* K loaded once per tile of a GQA group's stacked queries: the window-attention programs
+  run per KV head and tile of up to 64 stacked rows, not per query head;
 * queries read in place from the ring (no per-round copy);
 * every temporary counted: the live bytes a round allocates stay within
   ``Policy.workspace_bytes``, the figure the server reserves before sizing the pool;
@@ -107,9 +107,11 @@ def test_budget_dependent_ints_do_not_specialize(module: Any) -> None:
         assert needed <= listed, f"{fn.name}: {sorted(needed - listed)} not in do_not_specialize"
 
 
-def test_window_attention_runs_one_program_per_kv_head(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The grid has one program per KV head, not per query head, so each K tile is loaded once
-    for the whole GQA group, not ``group`` times."""
+@pytest.mark.parametrize(("recent", "row_tiles"), [(16, 1), (32, 2)])
+def test_window_attention_runs_one_program_per_kv_head(monkeypatch: pytest.MonkeyPatch, recent: int,
+                                                        row_tiles: int) -> None:
+    """The grid has programs per KV head, not per query head, so each K tile is loaded once
+    per tile of up to 64 of the GQA group's stacked query rows, not once per query head."""
     grids: dict[str, tuple[int, ...]] = {}
     real = window_attention.launch
 
@@ -118,12 +120,13 @@ def test_window_attention_runs_one_program_per_kv_head(monkeypatch: pytest.Monke
         real(kernel, grid, *args, **kw)
 
     monkeypatch.setattr(window_attention, "launch", recording)
-    cfg = PolicyConfig(budget=64, recent=16)
+    cfg = PolicyConfig(budget=64, recent=recent)
     r = random_regions(cfg, n_req=2, n_layers=2, kv_heads=2, group=4, head_dim=16)
     got = ops.window_attention_score(r.queries, r.k_buf, r.candidates(cfg.recent), backend="triton")
     torch.testing.assert_close(got, reference.window_attention_score(r.queries, r.k_buf, r.candidates(cfg.recent)),
                                rtol=1e-4, atol=1e-6)
     assert grids["_window_lse"][1] == 2 and grids["_window_probs"][1] == 2  # KV heads, not 8 query heads
+    assert grids["_window_lse"][2] == row_tiles  # 4 x R stacked rows, 64 per tile
 
 
 @pytest.mark.parametrize("group", [1, 3, 4])

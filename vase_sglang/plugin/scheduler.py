@@ -307,6 +307,10 @@ class VaseScheduler:
         self.q_heads = q_heads
         self.device = k_buf.device
         self.backend = backend
+        # The widest selection block the warm-up compiles (the largest budget's); a round
+        # over more candidates (the first after a long re-prefill) selects with the torch
+        # twin instead of compiling a kernel in the middle of a decode step.
+        self.max_select_block = 1 << (server_cfg.budget - 1).bit_length() if server_cfg.evicts else None
         self.req_to_token_pool = req_to_token_pool
         n_rows = req_to_token_pool.size + 1
         # [rows, layers, Hq, R, D]: a round's queries are then one gather by row.
@@ -355,7 +359,7 @@ class VaseScheduler:
 
     def policy(self, cfg: PolicyConfig) -> Policy:
         if cfg not in self._policies:
-            self._policies[cfg] = make_policy(cfg, backend=self.backend)
+            self._policies[cfg] = make_policy(cfg, backend=self.backend, max_select_block=self.max_select_block)
         return self._policies[cfg]
 
     @property
@@ -620,7 +624,7 @@ class VaseScheduler:
         t0 = time.perf_counter()
         rows = torch.zeros(1, dtype=torch.int64, device=self.device)
         for cfg in configs:
-            policy = make_policy(cfg, backend=self.backend)
+            policy = make_policy(cfg, backend=self.backend, max_select_block=self.max_select_block)
             slots = torch.zeros((1, cfg.region_size), dtype=torch.int64, device=self.device)
             self._select_and_compact(policy, slots, rows, [0], [0], self.measures)
         if self.device.type == "cuda":
