@@ -1,0 +1,78 @@
+"""The offline GPU compile check, run as CI runs it: every variant the warm-up of the
+default settings launches, compiled for sm_80, sm_90 and sm_100 by the installed Triton,
+from an empty Triton cache (so every variant really goes through ptxas)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import triton
+
+from vase_sglang import compile_check as cc
+from vase_sglang.kernels import compact, cur, evicted_mass, select, value_stat, window_attention
+
+# Every kernel a module launches (``launch(_kernel, ...)``), read from the source.
+KERNELS = {name for m in (compact, cur, evicted_mass, select, value_stat, window_attention)
+           for name in re.findall(r"\blaunch\((_\w+)", inspect.getsource(m))}
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vase_sglang.compile_check", *args], capture_output=True, text=True,
+                          env=env, timeout=1500)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("compile")
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp / "triton-cache")}
+    run = _cli("--json", str(tmp / "report.json"), env=env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads((tmp / "report.json").read_text())
+
+
+def test_every_kernel_compiles_for_every_architecture_within_its_limits(report: dict) -> None:
+    assert report["failures"] == []
+    assert (report["kind"], report["triton"]) == ("vase-sglang-compile-check", triton.__version__)
+    assert report["archs"] == ["sm_80", "sm_90", "sm_100"]
+    assert report["settings"] == [s.label for s in cc.default_settings()]
+    rows = report["variants"]
+    assert {r["variant"].split("[")[0] for r in rows} == KERNELS
+    per_arch = {arch: sum(r["arch"] == arch for r in rows) for arch in report["archs"]}
+    assert len(set(per_arch.values())) == 1, f"not every variant compiled for every architecture: {per_arch}"
+    for r in rows:
+        assert "error" not in r, r
+        assert r["shared"] <= r["shared_limit"], r
+        if r["uses_dot"]:
+            assert r["tensor_cores"], f"{r['variant']} on {r['arch']}: tl.dot did not lower to mma"
+
+
+def test_selection_does_not_spill_at_the_papers_largest_budget(report: dict) -> None:
+    widest = [r for r in report["variants"] if r["variant"].startswith("_select_kernel[BLOCK=4096,")]
+    assert {r["arch"] for r in widest} == {"sm_80", "sm_90", "sm_100"}
+    for r in widest:
+        assert r["stack"] + r["local"] == 0, r
+        assert r["num_warps"] == select.warps(4096)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--arch", "75"], "invalid --arch 75: must be one of 80, 90, 100"),
+    (["--arch", "sm90"], "invalid --arch 'sm90'"),
+    (["--jobs", "0"], "invalid --jobs 0: must be at least 1"),
+])
+def test_bad_flags_are_refused_by_name(args: list[str], message: str) -> None:
+    run = _cli(*args)
+    assert run.returncode == 2
+    assert message in run.stderr
+
+
+def test_help_names_the_settings() -> None:
+    run = _cli("--help")
+    assert run.returncode == 0
+    assert "qwen3-8b/bfloat16/R64/B4096" in run.stdout
+
