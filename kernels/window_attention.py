@@ -214,8 +214,10 @@ def window_attention_probs(
     common = (n_layers, r, c, d, group, scale, *queries.stride(), *k_buf.stride(), *slots.stride())
     launch(_window_lse, (n_req * n_layers, hkv, triton.cdiv(group * r, block_m)), queries, rows, k_buf, slots, lse,
            *common, gpu=gpu, **blk)
+    # maxnreg: sm_100's ptxas otherwise caps a probs program at 168 registers and spills
+    # (64 bf16 rows of head_dim 128); with the cap lifted it takes 184 and spills nothing.
     launch(_window_probs, (n_req * n_layers, hkv, triton.cdiv(c, block_c)), queries, rows, k_buf, slots, lse, probs,
-           *common, gpu=gpu, **blk)
+           *common, gpu=gpu, maxnreg=255, **blk)
     return probs
 
 
