@@ -1,9 +1,11 @@
 """The prepared GPU check (see gpu_check.sh): each step under its own time limit, one JSON.
 
-    python3 scripts/gpu_check.py OUT_DIR [--steps tests,bench,sanitizer]
+    python3 scripts/gpu_check.py OUT_DIR [--steps compile,tests,bench,sanitizer]
     python3 scripts/gpu_check.py --one-round      # what compute-sanitizer runs
 
 Steps:
+  compile    the offline compile check (python -m vase_sglang.compile_check) with this
+             machine's Triton: every warm-up variant for sm_80/90/100, resources per variant;
   tests      the kernel, policy, round-cost, CUDA-graph and real-size int64 tests on CUDA
              (Triton compiled), JUnit XML parsed into the JSON;
   bench      the kernel benchmark at Qwen3-8B geometry (B=4096, R=64, 36 layers, 32 q / 8
@@ -32,9 +34,9 @@ TESTS = [
     "tests/kernels/test_kernels.py", "tests/kernels/test_round_cost.py", "tests/kernels/test_kernel_int64.py",
     "tests/unit/test_cuda_graph_safety.py", "tests/unit/test_policy_properties.py",
     "tests/unit/test_sampling_distribution.py", "tests/unit/test_sharding.py", "tests/unit/test_scheduler.py",
-    "tests/unit/test_config.py",
+    "tests/unit/test_config.py", "tests/kernels/test_compile_check.py",
 ]
-LIMITS = {"tests": 300, "bench": 180, "sanitizer": 90}
+LIMITS = {"compile": 240, "tests": 300, "bench": 180, "sanitizer": 90}
 
 
 def _run(cmd: list[str], limit: int, log: Path, env: dict[str, str] | None = None) -> dict:
@@ -77,6 +79,18 @@ def step_tests(out: Path) -> dict:
                    real_cuda_graph=next((k for k, v in outcome.items()
                                          if any("test_query_recording_under_a_real_cuda_graph" in n for n in v)),
                                         "not run"))
+    return res
+
+
+def step_compile(out: Path) -> dict:
+    """The offline compile check with this machine's Triton (the same report CI makes),
+    so its registers, spills and shared memory sit on file beside the runtime figures."""
+    path = out / "compile_check.json"
+    res = _run([sys.executable, "-m", "vase_sglang.compile_check", "--jobs", str(os.cpu_count() or 1),
+                "--json", str(path)], LIMITS["compile"], out / "compile.log")
+    if path.exists():
+        report = json.loads(path.read_text())
+        res.update(summary=report["summary"], failures=report["failures"], triton=report["triton"])
     return res
 
 
@@ -128,7 +142,7 @@ def one_round() -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", nargs="?", default=os.environ.get("OUT", "out"))
-    p.add_argument("--steps", default="tests,bench,sanitizer")
+    p.add_argument("--steps", default="compile,tests,bench,sanitizer")
     p.add_argument("--one-round", action="store_true")
     args = p.parse_args()
     if args.one_round:
@@ -137,13 +151,14 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {"environment": environment()}
-    steps = {"tests": step_tests, "bench": step_bench, "sanitizer": step_sanitizer}
+    steps = {"compile": step_compile, "tests": step_tests, "bench": step_bench, "sanitizer": step_sanitizer}
     for name in args.steps.split(","):
         print(f"== {name}", flush=True)
         report[name] = steps[name](out)
         (out / "gpu_check.json").write_text(json.dumps(report, indent=2))  # partial results survive a kill
         print(json.dumps({k: v for k, v in report[name].items() if k != "rows"}, indent=1)[:3000], flush=True)
-    ok = (report.get("tests", {}).get("failed", 0) == 0 and report.get("tests", {}).get("rc", 0) in (0,)
+    ok = (report.get("compile", {}).get("rc", 0) == 0
+          and report.get("tests", {}).get("failed", 0) == 0 and report.get("tests", {}).get("rc", 0) in (0,)
           and report.get("bench", {}).get("rc", 0) == 0 and report.get("sanitizer", {}).get("errors") in (None, 0))
     report["ok"] = ok
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2))

@@ -101,6 +101,9 @@ def default_settings() -> list[Setting]:
     out += [Setting(g, "bfloat16", 64, 512) for g in GEOMETRIES if g != "qwen3-8b"]
     out += [Setting("qwen3-8b", d, 64, 512) for d in DTYPES if d != "bfloat16"]
     out += [Setting("gemma2-9b", "float32", 64, 512)]  # the widest rows: head_dim 256 in fp32
+    # 512 stacked rows in fp32, which overflowed sm_90 in one tile: R = 128 with a group
+    # of 4, and R = 64 with a group of 8.
+    out += [Setting("qwen3-8b", "float32", 128, 512), Setting("qwen3-32b", "float32", 64, 512)]
     return out
 
 
@@ -144,21 +147,28 @@ class Variant:
 _OPTION_KWARGS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 
-def specialization(kernel: Any, args: tuple[Any, ...], constexprs: dict[str, Any]) -> Variant:
-    """What Triton compiles for a CUDA GPU when ``kernel`` is launched with these arguments.
+def _jit(kernel: Any) -> Any:
+    """``kernel`` as a JITFunction: under the interpreter it is an InterpretedFunction, and
+    a JITFunction twin of the same Python function, with the same ``do_not_specialize``
+    lists, specializes and compiles as the GPU would."""
+    from triton.runtime.jit import JITFunction
 
-    Under the interpreter ``kernel`` is an InterpretedFunction; a JITFunction twin of the
-    same Python function, with the same ``do_not_specialize`` lists, gives the binder.
-    """
+    if isinstance(kernel, JITFunction):
+        return kernel
+    kw = getattr(kernel, "kwargs", {}) or {}
+    return JITFunction(kernel.fn, do_not_specialize=kw.get("do_not_specialize"),
+                       do_not_specialize_on_alignment=kw.get("do_not_specialize_on_alignment"))
+
+
+def specialization(kernel: Any, args: tuple[Any, ...], constexprs: dict[str, Any]) -> Variant:
+    """What Triton compiles for a CUDA GPU when ``kernel`` is launched with these arguments
+    (the CUDA backend's own binder; see ``_jit`` for the interpreter)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
-    from triton.runtime.jit import JITFunction, create_function_from_signature
+    from triton.runtime.jit import create_function_from_signature
 
     fn = getattr(kernel, "fn", kernel)
-    kw = getattr(kernel, "kwargs", {}) or {}
-    jit = kernel if isinstance(kernel, JITFunction) else JITFunction(
-        fn, do_not_specialize=kw.get("do_not_specialize"),
-        do_not_specialize_on_alignment=kw.get("do_not_specialize_on_alignment"))
+    jit = _jit(kernel)
     backend = make_backend(GPUTarget("cuda", SPILL_ARCH, 32))
     binder = create_function_from_signature(jit.signature, jit.params, backend)
     bound, spec, options = binder(*args, **constexprs)
@@ -256,7 +266,9 @@ def compile_variant(variant: Variant, arch: int) -> dict[str, Any]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
 
-    jit = getattr(importlib.import_module(variant.module), variant.name)
+    if os.environ.get("TRITON_INTERPRET") == "1":  # its helpers would be interpreted functions
+        raise RuntimeError("the compile phase runs without the Triton interpreter: unset TRITON_INTERPRET")
+    jit = _jit(getattr(importlib.import_module(variant.module), variant.name))
     target = GPUTarget("cuda", arch, 32)
     options = make_backend(target).parse_options(dict(variant.options))
     t0 = time.perf_counter()

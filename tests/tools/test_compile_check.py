@@ -60,6 +60,40 @@ def test_selection_does_not_spill_at_the_papers_largest_budget(report: dict) -> 
         assert r["num_warps"] == select.warps(4096)
 
 
+# The window kernel given shapes that cannot work: all 512 fp32 rows of a group of 8 at
+# R = 64 in one tile (the layout before the rows were tiled), and a head_dim block that is
+# not a power of two. Compiled for sm_90 in a process without the interpreter.
+PLANTED = """
+import json, sys, torch
+from vase_sglang import compile_check as cc
+from vase_sglang.kernels import window_attention as w
+
+q = torch.zeros((1, 1, 8, 64, 128)); k = torch.zeros((1, 8, 1, 128))
+slots = torch.zeros((1, 64), dtype=torch.int64); rows = torch.zeros(1, dtype=torch.int64); lse = torch.zeros(512)
+args = (q, rows, k, slots, lse, 1, 64, 64, 128, 8, 0.1, *q.stride(), *k.stride(), *slots.stride())
+out = []
+for block_m, block_d in ((512, 128), (64, 100)):
+    v = cc.specialization(w._window_lse, args, dict(BLOCK_M=block_m, BLOCK_C=16, BLOCK_D=block_d,
+                                                    DOT_PRECISION="tf32", DOT_FP32=False))
+    v.settings, v.smallest_budget = ["planted"], 512
+    out.append(cc.compile_variant(v, 90))
+json.dump({"rows": out, "failures": cc.failures(out)}, sys.stdout)
+"""
+
+
+def test_the_check_fails_on_planted_shapes_that_cannot_work() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", PLANTED], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    got = json.loads(run.stdout)
+    too_big, bad_shape = got["rows"]
+    assert too_big["shared"] > too_big["shared_limit"] == cc.ARCHS[90][1]
+    assert "error" in bad_shape
+    failures = got["failures"]
+    assert any("BLOCK_M=512" in f and "bytes of shared memory, above the 232,448-byte" in f for f in failures)
+    assert any("BLOCK_D=100" in f and "does not compile" in f for f in failures)
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--arch", "75"], "invalid --arch 75: must be one of 80, 90, 100"),
     (["--arch", "sm90"], "invalid --arch 'sm90'"),
