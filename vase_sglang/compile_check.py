@@ -24,7 +24,7 @@ Two phases, each in its own process:
    in the PTX).
 
 It fails on a compile error, on shared memory over the limit, and on spills in a variant
-reachable at ``--kv-budget`` <= 4,096 on sm_90. Triton caches compiled kernels
+reachable at ``--kv-budget`` <= 4,096, on any of the architectures. Triton caches compiled kernels
 (``~/.triton/cache``, or ``TRITON_CACHE_DIR``), so a second run mostly reads them back.
 """
 
@@ -49,8 +49,10 @@ from tqdm import tqdm
 
 # Per-block shared memory limit (opt-in maximum) of each architecture, in bytes.
 ARCHS: dict[int, tuple[str, int]] = {80: ("A100", 166_912), 90: ("H100/H200", 232_448), 100: ("B200", 232_448)}
-SPILL_FREE_BUDGET = 4096  # variants reachable at budgets up to this must not spill on sm_90
-SPILL_ARCH = 90
+SPILL_FREE_BUDGET = 4096  # variants reachable at budgets up to this must not spill, on any arch
+# The binder's target: the specialization (divisibility, constexprs) is the same on every
+# NVIDIA architecture, only the compiled code differs.
+BINDER_ARCH = 90
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,7 @@ def specialization(kernel: Any, args: tuple[Any, ...], constexprs: dict[str, Any
 
     fn = getattr(kernel, "fn", kernel)
     jit = _jit(kernel)
-    backend = make_backend(GPUTarget("cuda", SPILL_ARCH, 32))
+    backend = make_backend(GPUTarget("cuda", BINDER_ARCH, 32))
     binder = create_function_from_signature(jit.signature, jit.params, backend)
     bound, spec, options = binder(*args, **constexprs)
     _, signature, consts, attrs = jit._pack_args(backend, dict(constexprs), bound, spec, options)
@@ -301,7 +303,7 @@ def failures(rows: list[dict[str, Any]]) -> list[str]:
             out.append(f"{where}: needs {r['shared']:,} bytes of shared memory, above the {r['shared_limit']:,}-byte "
                        "per-block limit")
         spilled = r["stack"] + r["local"]
-        if spilled and r["arch"] == f"sm_{SPILL_ARCH}" and r["smallest_budget"] <= SPILL_FREE_BUDGET:
+        if spilled and r["smallest_budget"] <= SPILL_FREE_BUDGET:
             out.append(f"{where}: spills ({r['stack']} stack + {r['local']} local bytes, {r['registers']} registers; "
                        f"reached by {r['settings'][0]})")
     return out

@@ -98,10 +98,12 @@ def _row(**kw: object) -> dict[str, object]:
 
 
 def test_the_check_fails_on_errors_shared_memory_and_spills_within_the_budget() -> None:
-    assert cc.failures([_row(), _row(arch="sm_80", stack=256)]) == []  # spills count on sm_90 only
+    assert cc.failures([_row(), _row(arch="sm_80")]) == []
     assert cc.failures([_row(smallest_budget=8192, local=64)]) == []  # beyond the spill-free budget
-    found = cc.failures([_row(error="CompilationError: bad\nmore"), _row(shared=300_000), _row(stack=256)])
-    assert len(found) == 3
+    found = cc.failures([_row(error="CompilationError: bad\nmore"), _row(shared=300_000), _row(stack=256),
+                         _row(arch="sm_80", local=8)])
+    assert len(found) == 4
     assert "does not compile: CompilationError: bad" in found[0]
     assert "300,000 bytes of shared memory, above the 232,448-byte" in found[1]
     assert "spills (256 stack + 0 local bytes" in found[2]
+    assert "on sm_80: spills (0 stack + 8 local bytes" in found[3]

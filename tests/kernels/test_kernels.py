@@ -28,7 +28,8 @@ SHAPES = [
     (96, 32, 2, 1, 2, 4, 24),
     (192, 64, 1, 2, 1, 3, 32),
 ]
-# Rows wider than 512 bytes (head_dim 160 in fp32, padded to 256): half-height row tiles.
+# Rows wider than 512 bytes (head_dim 160 in fp32, padded to 256): half-height window row
+# tiles, and CurDKV's head_dim in two chunks of 128.
 WIDE_ROWS = (96, 32, 1, 1, 1, 2, 160)
 
 
@@ -72,7 +73,7 @@ def test_window_attention_score_bf16_inputs() -> None:
            reference.window_attention_score(r.queries, r.k_buf, cand), DOT_RTOL, DOT_ATOL)
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", [*SHAPES, WIDE_ROWS])
 @pytest.mark.parametrize("rank", [20, 3])
 def test_cur_score(shape: tuple, rank: int) -> None:
     cfg, r = _regions(shape)

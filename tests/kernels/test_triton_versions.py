@@ -2,7 +2,9 @@
 machine has, as well as the 3.8 that sglang 0.5.23's torch brings).
 
 Installs triton 3.6.0 once into the cache (``pip --target``, from the package registry)
-and runs the kernel and round-cost tests in the interpreter with it first on the path.
+and runs the kernel, round-cost and compile-check tests (the recording of Triton's CUDA
+specialization, which gpu_check.sh runs with the lent GPU's Triton) in the interpreter
+with it first on the path.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def test_kernels_pass_on_triton_3_6(tmp_path: Path) -> None:
                            capture_output=True, text=True, check=True)
     assert probe.stdout.strip() == OTHER_TRITON
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                          str(TESTS / "test_kernels.py"), str(TESTS / "test_round_cost.py")],
+                          str(TESTS / "test_kernels.py"), str(TESTS / "test_round_cost.py"),
+                          str(TESTS / "test_compile_check.py")],
                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and "failed" not in run.stdout
