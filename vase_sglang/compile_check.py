@@ -15,7 +15,7 @@ Two phases, each in its own process:
    binder from the real arguments, with the constexprs a GPU launch passes; the kernels
    themselves do not run (``RECORD_ONLY``). A variant the warm-up does not launch cannot
    escape the check, and neither can one it does; no round after the warm-up launches
-   another (tests/kernels/test_compile_check.py).
+   another (tests/kernels/test_compile_check.py; the CLI test is tests/tools/test_compile_check_cli.py).
 2. **compile** (no interpreter, ``--jobs`` processes, each variant x architecture one
    job): ``triton.compile`` each distinct variant for each architecture with the installed
    Triton (ptxas ships in its wheel), and read registers, spills (``cuobjdump
