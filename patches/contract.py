@@ -1,11 +1,14 @@
-"""Every attribute of an SGLang object that vase-sglang reads or writes, as typed Protocols.
+"""Every attribute of an SGLang object that vase-sglang reads, writes, overrides or names,
+as typed Protocols.
 
-``manifest.py`` lists the functions we hook, set or call; this module lists the data we
-touch on SGLang's objects (request, batch, pools, forward batch, configs, server args).
-The hooks and ``VaseScheduler`` take these Protocols as parameter types, so mypy refuses
-an attribute that is not declared here; ``tests/unit/test_manifest.py`` checks every
-declaration against the pinned SGLang (``check_all``), so a renamed attribute fails by
-name instead of reading a ``getattr`` default or raising inside a decode step.
+``manifest.py`` lists the module-level names we hook, set, call, mirror or find on the
+stack; this module lists the data and methods we touch on SGLang's objects (request,
+batch, pools, forward batch, configs, server args, request bodies, the HTTP server's
+state, the output streamer we subclass, the hook registry). The hooks and
+``VaseScheduler`` take these Protocols as types, so mypy refuses an attribute that is not
+declared here; ``tests/unit/test_manifest.py`` checks every declaration against the
+pinned SGLang (``check_all``), so a renamed attribute fails by name instead of reading a
+``getattr`` default, overriding nothing, or raising inside a decode step.
 
 An attribute counts as defined by the SGLang class when it is a field or annotation of
 the class (or a base), a class attribute, method or property, or assigned as
@@ -15,11 +18,12 @@ the class (or a base), a class attribute, method or property, or assigned as
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -39,6 +43,22 @@ class SamplingParams(Protocol):
     max_new_tokens: int
     custom_params: dict[str, Any] | None
     sampling_seed: int | None
+    # Request-body keys patches/guards.py checks beyond their declared types.
+    n: int
+    top_k: int
+    stop_regex: str | list[str] | None
+
+
+class SamplingParamsFilledBySGLang(Protocol):
+    """SamplingParams fields SGLang fills itself: patches/guards.py refuses them in a
+    request body (its INTERNAL_SAMPLING_FIELDS are these names)."""
+
+    stop_strs: Any
+    stop_regex_strs: Any
+    stop_str_max_len: Any
+    stop_regex_max_len: Any
+    is_normalized: Any
+    ebnf_full_assistant: Any
 
 
 class Req(Protocol):
@@ -164,6 +184,22 @@ class ServerArgs(Protocol):
     cuda_graph_backend_prefill: Any
 
 
+class RuntimeContext(Protocol):
+    server_args: ServerArgs
+
+
+class SchedulerOutputStreamer(Protocol):
+    """What patches/io.py's subclass overrides: a rename upstream would leave it unused."""
+
+    has_additional_customized_info: bool
+
+    def build_additional_customized_info(self, reqs: list[Any]) -> dict[str, list[Any]]: ...
+
+
+class GetInternalStateReqOutput(Protocol):
+    internal_state: dict[str, Any]
+
+
 # ---- main process ---------------------------------------------------------------------------
 
 
@@ -174,11 +210,70 @@ class TokenizerManager(Protocol):
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None: ...
 
+    async def get_internal_state(self) -> list[dict[str, Any]]: ...
+
+
+class GlobalState(Protocol):
+    """The HTTP server's state (``http_server.get_global_state()``)."""
+
+    tokenizer_manager: TokenizerManager
+
+
+class ReqInput(Protocol):
+    """What patches/guards.py reads on both request bodies, GenerateReqInput and
+    EmbeddingReqInput (``is_single`` and ``batch_size`` once normalised)."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]  # dataclasses.fields() reads each field
+    text: Any
+    input_ids: Any
+    input_embeds: Any
+    image_data: Any
+    sampling_params: Any
+    rid: Any
+    positional_embed_overrides: Any
+    is_single: bool
+    batch_size: int
+
+    def __getitem__(self, i: int) -> Any: ...  # one prompt of a batch, as the tokenizer manager splits it
+
+
+class GenerateReqInput(ReqInput, Protocol):
+    """What patches/guards.py reads only on GenerateReqInput (``/generate`` and the OpenAI routes)."""
+
+    session_params: dict[str, Any] | None
+    bootstrap_room: Any
+    logprob_start_len: int | None
+    top_logprobs_num: int | None
+    token_ids_logprob: Any
+
+
+class VertexGenerateReqInput(Protocol):
+    parameters: dict[str, Any] | None
+
+
+class HookRegistry(Protocol):
+    """SGLang's hook registry, used through its class: patches/hooks.py registers, applies,
+    and reads ``_patched`` to verify that each hook took."""
+
+    _patched: set[str]
+
+    def register(self, target: str, hook: Callable[..., Any], hook_type: Any = ...) -> None: ...
+
+    def apply_hooks(self) -> None: ...
+
+
+class HookType(Protocol):
+    BEFORE: Any
+    AFTER: Any
+    AROUND: Any
+    REPLACE: Any
+
 
 # Each Protocol and the SGLang class it describes.
 CONTRACTS: tuple[tuple[type, str], ...] = (
     (ReqKvInfo, "sglang.srt.managers.schedule_batch.ReqKvInfo"),
     (SamplingParams, "sglang.srt.sampling.sampling_params.SamplingParams"),
+    (SamplingParamsFilledBySGLang, "sglang.srt.sampling.sampling_params.SamplingParams"),
     (Req, "sglang.srt.managers.schedule_batch.Req"),
     (TokenToKVPoolAllocator, "sglang.srt.mem_cache.allocator.base.BaseTokenToKVPoolAllocator"),
     (ScheduleBatch, "sglang.srt.managers.schedule_batch.ScheduleBatch"),
@@ -193,14 +288,35 @@ CONTRACTS: tuple[tuple[type, str], ...] = (
     (ModelRunner, "sglang.srt.model_executor.model_runner.ModelRunner"),
     (ParallelContext, "sglang.srt.runtime_context.ParallelContext"),
     (ServerArgs, "sglang.srt.server_args.ServerArgs"),
+    (RuntimeContext, "sglang.srt.runtime_context.RuntimeContext"),
+    (SchedulerOutputStreamer, "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"),
+    (GetInternalStateReqOutput, "sglang.srt.managers.io_struct.GetInternalStateReqOutput"),
     (TokenizerManager, "sglang.srt.managers.tokenizer_manager.TokenizerManager"),
+    (GlobalState, "sglang.srt.entrypoints.http_server._GlobalState"),
+    (ReqInput, "sglang.srt.managers.io_struct.GenerateReqInput"),
+    (ReqInput, "sglang.srt.managers.io_struct.EmbeddingReqInput"),
+    (GenerateReqInput, "sglang.srt.managers.io_struct.GenerateReqInput"),
+    (VertexGenerateReqInput, "sglang.srt.managers.io_struct.VertexGenerateReqInput"),
+    (HookRegistry, "sglang.srt.plugins.hook_registry.HookRegistry"),
+    (HookType, "sglang.srt.plugins.hook_registry.HookType"),
 )
 
 
+def _protocol_machinery() -> frozenset[str]:
+    class Bare(Protocol):
+        pass
+
+    return frozenset(vars(Bare))  # what typing puts in every Protocol's namespace
+
+
+_PROTOCOL_MACHINERY = _protocol_machinery()
+
+
 def members(protocol: type) -> list[str]:
-    """The attributes and methods a Protocol declares, in declaration order."""
+    """The attributes and methods a Protocol declares itself (not those of the Protocols it
+    extends), in declaration order."""
     names = list(protocol.__dict__.get("__annotations__", {}))
-    names += [n for n, v in protocol.__dict__.items() if callable(v) and not n.startswith("__")]
+    names += [n for n, v in protocol.__dict__.items() if callable(v) and n not in _PROTOCOL_MACHINERY]
     return names
 
 
@@ -229,9 +345,12 @@ def defines(cls: type, name: str) -> bool:
     for klass in inspect.getmro(cls):
         if klass is object:
             continue
-        if name in klass.__dict__ or name in getattr(klass, "__annotations__", {}):
+        # Both are descriptors, not containers, on msgspec's own base classes.
+        annotations = getattr(klass, "__annotations__", {})
+        if name in klass.__dict__ or (isinstance(annotations, dict) and name in annotations):
             return True
-        if name in getattr(klass, "__struct_fields__", ()):  # msgspec
+        struct_fields = getattr(klass, "__struct_fields__", ())  # msgspec
+        if isinstance(struct_fields, tuple) and name in struct_fields:
             return True
         if name in _assigned_on_self(klass):
             return True

@@ -20,9 +20,10 @@ from typing import Any
 import torch
 
 from vase_sglang.plugin import scheduler
-from vase_sglang.plugin.options import exported_config
+from vase_sglang.plugin.handoff import exported_config
 
 from . import contract as sg
+from .backends import BACKEND_CLASSES
 from .hooks import AFTER, AROUND, BEFORE, fail, hook, installs
 
 
@@ -71,13 +72,6 @@ def _capture_extend_queries(original, backend: Any, q: torch.Tensor, k: Any, v: 
         sched.record_extend_queries(layer.layer_id, forward_batch.req_pool_indices, forward_batch.seq_lens,
                                     forward_batch.extend_seq_lens, q)
     return original(backend, q, k, v, layer, forward_batch, *args, **kwargs)
-
-
-BACKEND_CLASSES = {
-    "torch_native": "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend",
-    "triton": "sglang.srt.layers.attention.triton_backend.TritonAttnBackend",
-    "flashinfer": "sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend",
-}
 
 
 # Query capture on every supported backend, whatever the device: SGLang's triton backend

@@ -29,15 +29,19 @@
 
 Both the native ``/generate`` and the OpenAI endpoints reach these checks, the prompt
 check after tokenization, once per request of a batch. ``tests/support/fuzz_fields.py`` derives
-the fuzz that found most of them from SGLang's own request types.
+the fuzz that found most of them from SGLang's own request types. The request bodies'
+attributes read here are declared in ``contract.py`` (``ReqInput``, ``GenerateReqInput``,
+``VertexGenerateReqInput``, ``SamplingParamsFilledBySGLang``), the classes called or
+tested against in ``manifest.py``.
 """
 
 from __future__ import annotations
 
 import functools
 import typing
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union, cast
 
+from . import contract as sg
 from .hooks import AROUND, BEFORE, hook
 
 # Parallel samples per prompt: SGLang expands a request into n copies before anything else
@@ -48,8 +52,15 @@ MAX_PARALLEL_SAMPLES = 1024
 # overflow error there and the whole server exited.
 INT32_SAMPLING_FIELDS = ("top_k",)
 # SamplingParams fields filled by SGLang itself, not by a client.
-INTERNAL_SAMPLING_FIELDS = ("stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len",
-                            "is_normalized", "ebnf_full_assistant")
+INTERNAL_SAMPLING_FIELDS = tuple(sg.members(sg.SamplingParamsFilledBySGLang))
+
+
+def _generate_input(obj: sg.ReqInput) -> sg.GenerateReqInput | None:
+    """``obj`` if it is a GenerateReqInput, whose own fields (``sg.GenerateReqInput``) an
+    EmbeddingReqInput lacks; else None."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    return cast(sg.GenerateReqInput, obj) if isinstance(obj, GenerateReqInput) else None
 
 
 @functools.cache
@@ -119,12 +130,12 @@ CHECKED_AS_SENT = ("rid",)
 
 @hook("sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments", AROUND)
 @hook("sglang.srt.managers.io_struct.EmbeddingReqInput.normalize_batch_and_arguments", AROUND)
-def _normalize_or_400(original, obj: Any, *args: Any, **kwargs: Any) -> Any:
-    check_sampling_params(getattr(obj, "sampling_params", None))
-    given = getattr(obj, "sampling_params", None)
+def _normalize_or_400(original, obj: sg.ReqInput, *args: Any, **kwargs: Any) -> Any:
+    check_sampling_params(obj.sampling_params)
+    given = obj.sampling_params
     given_len = len(given) if isinstance(given, list) else None
     # Read before the normalisation, which fills rid with one generated id per sample (n).
-    given_rid = getattr(obj, "rid", None)
+    given_rid = obj.rid
     if given_len is not None and _one_prompt(obj):
         # Checked before the normalisation too: the embedding body's indexes the list by name
         # (a TypeError) first, and a list holding n > 1 turns one prompt into a batch.
@@ -138,21 +149,22 @@ def _normalize_or_400(original, obj: Any, *args: Any, **kwargs: Any) -> Any:
     check_batch_shapes(obj, given_len, given_rid)
     check_request_fields(obj)
     check_positional_embeds(obj)
-    check_session_params(getattr(obj, "session_params", None))
+    generate = _generate_input(obj)
+    check_session_params(generate.session_params if generate is not None else None)
     check_batch_items(obj)
     return result
 
 
-def _one_prompt(obj: Any) -> bool:
+def _one_prompt(obj: sg.ReqInput) -> bool:
     """Whether the body holds one prompt, read before SGLang normalises it: a text string,
     or a flat list of token ids."""
-    text, ids = getattr(obj, "text", None), getattr(obj, "input_ids", None)
+    text, ids = obj.text, obj.input_ids
     if isinstance(text, str):
         return True
     return text is None and isinstance(ids, list) and bool(ids) and not isinstance(ids[0], list)
 
 
-def check_batch_shapes(obj: Any, sampling_params_given: int | None, rid_given: Any) -> None:
+def check_batch_shapes(obj: sg.ReqInput, sampling_params_given: int | None, rid_given: Any) -> None:
     """Raise ValueError for per-prompt fields whose shape does not match the prompts, which
     SGLang's normalisation lets through to fail later with an HTTP 500: a list ``rid`` for
     one prompt or of the wrong length, and a ``sampling_params`` list whose length is not
@@ -160,7 +172,7 @@ def check_batch_shapes(obj: Any, sampling_params_given: int | None, rid_given: A
     (a normalised rid holds one id per sample, prompts x n)."""
     if rid_given is not None and not isinstance(rid_given, (str, list)):
         raise ValueError(f"rid: expected a string, or a list of strings one per prompt; got {type(rid_given).__name__}")
-    if getattr(obj, "is_single", True):
+    if obj.is_single:
         if isinstance(rid_given, list):
             raise ValueError("rid: one prompt takes one string id, got a list")
         if sampling_params_given is not None:  # a prompt form only the normalisation recognises
@@ -210,10 +222,13 @@ def vertex_parameters_problem(values: dict[str, Any]) -> str | None:
     from sglang.srt.managers.io_struct import GenerateReqInput, VertexGenerateReqInput
 
     for value in values.values():
-        if not isinstance(value, VertexGenerateReqInput) or not isinstance(value.parameters, dict):
+        if not isinstance(value, VertexGenerateReqInput):
+            continue
+        body: sg.VertexGenerateReqInput = value
+        if not isinstance(body.parameters, dict):
             continue
         fields = {f.name for f in dataclasses.fields(GenerateReqInput)}
-        for key in value.parameters:
+        for key in body.parameters:
             if key in VERTEX_INPUTS:
                 return f"parameters.{key}: the inputs come from the instances"
             if key not in fields:
@@ -238,7 +253,7 @@ def check_session_params(value: Any) -> None:
         raise ValueError(f"session_params: {exc}") from None
 
 
-def check_positional_embeds(obj: Any) -> None:
+def check_positional_embeds(obj: sg.ReqInput) -> None:
     """Raise ValueError unless ``positional_embed_overrides`` is what SGLang's scheduler
     reads: None, a PositionalEmbeds, or a list of them (or None) per prompt. Only Python
     callers can build one (it holds tensors; SGLang types the field ``Any`` for that
@@ -246,27 +261,28 @@ def check_positional_embeds(obj: Any) -> None:
     on a float from ``[null, 7e16]`` and the whole server exited."""
     from sglang.srt.managers.embed_types import PositionalEmbeds
 
-    value = getattr(obj, "positional_embed_overrides", None)
+    value = obj.positional_embed_overrides
     if value is None or isinstance(value, PositionalEmbeds):
         return
-    batch = not getattr(obj, "is_single", True)  # a list is one entry per prompt, only in a batch
+    batch = not obj.is_single  # a list is one entry per prompt, only in a batch
     if batch and isinstance(value, list) and all(item is None or isinstance(item, PositionalEmbeds) for item in value):
         return
     raise ValueError("positional_embed_overrides: only the Python Engine API can pass PositionalEmbeds objects; "
                      "over HTTP send null")
 
 
-def check_batch_items(obj: Any) -> None:
+def check_batch_items(obj: sg.ReqInput) -> None:
     """Raise ValueError when a normalised batch cannot be split into its prompts as SGLang's
     tokenizer manager splits it (``obj[i]`` for each id in ``rid``, and ``bootstrap_room[i]``):
     a per-prompt list shorter than the batch (``"audio_data": []`` with two prompts) raised
     an IndexError there, an HTTP 500."""
     import dataclasses
 
-    if getattr(obj, "is_single", True) or not isinstance(obj.rid, list):
+    if obj.is_single or not isinstance(obj.rid, list):
         return
     n = len(obj.rid)
-    rooms = getattr(obj, "bootstrap_room", None)
+    generate = _generate_input(obj)
+    rooms = generate.bootstrap_room if generate is not None else None
     if isinstance(rooms, list) and rooms and len(rooms) < n:
         raise ValueError(f"bootstrap_room: {len(rooms)} values for {n} prompts; send one per prompt")
     try:
@@ -345,14 +361,14 @@ def _request_field_forms(request_type: Any) -> dict[str, tuple[Any, Any]]:
     return forms
 
 
-def check_request_fields(obj: Any) -> None:
+def check_request_fields(obj: sg.ReqInput) -> None:
     """Raise ValueError naming the field when a per-prompt scalar field of a normalised
     GenerateReqInput or EmbeddingReqInput has the wrong type or form: a list for one prompt, or a value outside
     its declared type. SGLang reads such fields deep in the scheduler, where a wrong type
     raises and the whole server exits (a list ``lora_id`` or ``return_hidden_states`` for
     one prompt did). The fields and types come from SGLang's own hints, so a field added
     upstream is checked without a change here."""
-    single = getattr(obj, "is_single", True)
+    single = obj.is_single
     for name, (scalar, item) in _request_field_forms(obj.__class__).items():
         if name in CHECKED_AS_SENT:
             continue
@@ -406,17 +422,16 @@ def check_logprob_start(value: Any, field: str = "logprob_start_len") -> None:
 
 
 @hook("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", BEFORE)
-def _guard_prompt(manager: Any, obj: Any, input_ids: Any, *args: Any, **kwargs: Any) -> None:
-    from sglang.srt.managers.io_struct import GenerateReqInput
-
-    if not isinstance(obj, GenerateReqInput):
+def _guard_prompt(manager: sg.TokenizerManager, obj: sg.ReqInput, input_ids: Any, *args: Any, **kwargs: Any) -> None:
+    generate = _generate_input(obj)
+    if generate is None:
         return None
-    check_logprob_start(getattr(obj, "logprob_start_len", None))
+    check_logprob_start(generate.logprob_start_len)
     vocab = manager.model_config.vocab_size
-    check_top_logprobs(getattr(obj, "top_logprobs_num", None), vocab)
-    check_prompt_ids(getattr(obj, "token_ids_logprob", None) or None, vocab, "token_ids_logprob")
-    if getattr(obj, "input_embeds", None) is not None:
+    check_top_logprobs(generate.top_logprobs_num, vocab)
+    check_prompt_ids(generate.token_ids_logprob or None, vocab, "token_ids_logprob")
+    if generate.input_embeds is not None:
         return None
-    field = "input_ids" if getattr(obj, "input_ids", None) is not None else "text"
+    field = "input_ids" if generate.input_ids is not None else "text"
     check_prompt_ids(input_ids, vocab, field)
     return None

@@ -4,7 +4,8 @@ Each manifest entry owns one function: the patch modules register a hook with ``
 (BEFORE, AFTER, AROUND, REPLACE) or an installer with ``@installs`` (SET), and refuse a
 target that is not listed with that kind. ``install(process)`` is the one loop that
 applies them, over the manifest entries of that process. Before a hook is applied its
-target is checked against its entry (it exists, same parameters, same pinned source).
+target is checked against its entry (it exists, same parameters, same pinned source);
+so are the process's ``call`` and ``mirror`` entries, which own no function here.
 SGLang's ``HookRegistry.apply_hooks`` only logs a failed patch, and ``load_plugins``
 only logs an exception raised by a plugin. A plugin that half-applied would serve wrong
 results silently, so every hook is checked after it is applied and any failure stops
@@ -22,11 +23,15 @@ from typing import Any, NoReturn
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+from . import contract as sg
 from . import manifest
 
 logger = logging.getLogger("vase_sglang.patches")
 
-BEFORE, AFTER, AROUND, REPLACE = HookType.BEFORE, HookType.AFTER, HookType.AROUND, HookType.REPLACE
+_types: sg.HookType = HookType
+BEFORE, AFTER, AROUND, REPLACE = _types.BEFORE, _types.AFTER, _types.AROUND, _types.REPLACE
+# SGLang's registry, through the attributes patches/contract.py declares (its _patched too).
+_registry: sg.HookRegistry = HookRegistry
 
 
 # Each manifest target's hook function, or for a SET target its installer (a function of
@@ -98,13 +103,21 @@ def import_patch_modules() -> None:
 
 
 def entries_for(process: str) -> list[manifest.Target]:
-    """The manifest entries this process applies: its own, where their package is installed."""
-    return [e for e in manifest.MANIFEST if e.process == process and manifest.available(e)]
+    """The manifest entries this process applies or checks: its own, where their package is
+    installed. Role entries are not among them: ``plugin/__init__.py`` reads them to choose
+    the process, before anything is installed."""
+    return [e for e in manifest.MANIFEST
+            if e.process == process and e.kind != manifest.ROLE and manifest.available(e)]
 
 
 def registered_targets() -> set[str]:
     """The targets a hook (or installer) is registered for."""
     return set(_registered)
+
+
+def registered_function(target: str) -> Callable[..., Any]:
+    """The hook (or installer) registered for ``target``; KeyError if none."""
+    return _registered[target]
 
 
 def install(process: str) -> int:
@@ -114,18 +127,18 @@ def install(process: str) -> int:
     number of hooks and installers applied."""
     import_patch_modules()
     entries = entries_for(process)
-    missing = [e.target for e in entries if e.kind != manifest.CALL and e.target not in _registered]
+    missing = [e.target for e in entries if e.kind in manifest.APPLIED and e.target not in _registered]
     if missing:
         fail(f"no hook registered for manifest target(s) {', '.join(missing)}")
     for e in entries:
         check_contract(e.target)
     hooks = [e for e in entries if e.kind in _REGISTRY_KINDS]
     for e in hooks:
-        HookRegistry.register(e.target, _registered[e.target], _REGISTRY_KINDS[e.kind])
-    HookRegistry.apply_hooks()
+        _registry.register(e.target, _registered[e.target], _REGISTRY_KINDS[e.kind])
+    _registry.apply_hooks()
     for e in hooks:
         current = manifest.resolve(e.target)
-        if e.target not in HookRegistry._patched or not hasattr(current, "__wrapped__"):
+        if e.target not in _registry._patched or not hasattr(current, "__wrapped__"):
             fail(f"hook on {e.target} did not take effect (see the log above); "
                  f"vase-sglang needs sglang=={manifest.SGLANG_VERSION}")
     installers = [e for e in entries if e.kind == manifest.SET]

@@ -11,35 +11,32 @@ Main process:
 
 Scheduler process:
 
-* ``Scheduler.get_output_streamer_class`` REPLACE: send ``kv_region_len``,
-  ``kv_evicted_tokens``, ``kv_eviction_rounds``, ``kv_reprefilled_tokens`` (per
-  retraction, the generated tokens re-prefilled, comma-separated), ``kv_policy`` (the
-  policy the request runs), ``kv_policy_reason`` (why: the server's flag, the
-  request's field, or ``auto``'s calibration) and, with ``--kv-telemetry on``, the
-  telemetry fields (``plugin.telemetry.TelemetryReport``) with every output.
+* ``Scheduler.get_output_streamer_class`` REPLACE: send ``META_KEYS`` with every output:
+  the counters ``kv_region_len``, ``kv_evicted_tokens``, ``kv_eviction_rounds``,
+  ``kv_reprefilled_tokens`` (per retraction, the generated tokens re-prefilled,
+  comma-separated); the choice ``kv_policy`` (the policy the request runs) and
+  ``kv_policy_reason`` (why: the server's flag, the request's field, or ``auto``'s
+  calibration); with ``--kv-telemetry on`` the telemetry signals (``kv_evicted_attention``,
+  ``kv_evicted_attention_max``, ``kv_loop``, ``kv_loop_start``) and, with
+  ``--kv-calibration`` too, the KL estimate (``kv_estimated_kl``, ``kv_kl_mapping``);
+  see ``plugin.telemetry.TelemetryReport``. The streamer is a subclass of SGLang's; what
+  it overrides is declared in ``contract.SchedulerOutputStreamer``.
 * ``SchedulerInternalStateController.get_internal_state`` AFTER: live totals, which
-  ``/kv_policy`` reads through SGLang's own internal-state request.
+  ``/kv_policy`` reads through SGLang's own internal-state request
+  (``http_server.get_global_state().tokenizer_manager.get_internal_state()``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from typing import Any
 
 from vase_sglang.plugin import scheduler, telemetry
-from vase_sglang.plugin.options import (
-    VALIDATED_KEY,
-    exported_auto,
-    exported_config,
-    exported_telemetry,
-    server_reason,
-    stamp_validated,
-    stop_on_loop,
-    validate_with_reason,
-)
+from vase_sglang.plugin.handoff import exported_auto, exported_config, exported_telemetry
+from vase_sglang.plugin.options import VALIDATED_KEY, server_reason, stamp_validated, stop_on_loop, validate_request
 
+from . import contract as sg
 from . import openai_meta
 from .hooks import AFTER, AROUND, BEFORE, REPLACE, hook
 
@@ -49,7 +46,7 @@ logger = logging.getLogger("vase_sglang.patches.io")
 COUNTER_FIELDS = tuple(f.name for f in dataclasses.fields(scheduler.RequestCounters))
 CHOICE_FIELDS = tuple(f.name for f in dataclasses.fields(scheduler.PolicyChoice))
 TELEMETRY_FIELDS = (*telemetry.SIGNAL_FIELDS, *telemetry.ESTIMATE_FIELDS)
-META_KEYS = (*(f"kv_{name}" for name in (*COUNTER_FIELDS, *CHOICE_FIELDS, *TELEMETRY_FIELDS)), "kv_prefix_digests")
+META_KEYS = tuple(f"kv_{name}" for name in (*COUNTER_FIELDS, *CHOICE_FIELDS, *TELEMETRY_FIELDS))
 
 
 @hook("sglang.srt.sampling.sampling_params.SamplingParams.verify", AFTER)
@@ -60,7 +57,7 @@ def _verify_custom_params(result: Any, params: Any, *args: Any, **kwargs: Any) -
     if custom:
         # PolicyConfigError is a ValueError -> 400
         server = exported_config()
-        cfg, seed, reason = validate_with_reason(server, custom, exported_auto())
+        cfg, seed, reason = validate_request(server, custom, exported_auto())
         if isinstance(custom, dict) and any(str(k).startswith("kv_") for k in custom):
             stamp_validated(custom, cfg, seed, reason, stop_on_loop(custom, server))
 
@@ -101,14 +98,10 @@ def _telemetry_fields(reqs: list) -> dict[str, list]:
     return {f"kv_{name}": [[getattr(report, name)] for report in reports] for name in names}
 
 
-def _digests(req: Any) -> str:
-    sched = scheduler.current()
-    return sched.digests(req) if sched is not None else ""
-
-
 def _streamer_class() -> type:
     from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
 
+    # Overrides the two names contract.SchedulerOutputStreamer declares (checked offline).
     class VaseOutputStreamer(SchedulerOutputStreamer):
         has_additional_customized_info = True
 
@@ -119,8 +112,6 @@ def _streamer_class() -> type:
                 for name in names:
                     base[f"kv_{name}"] = [[getattr(record, name)] for record in records]
             base.update(_telemetry_fields(reqs))
-            if os.environ.get("VASE_SGLANG_DEBUG_DIGEST") == "1":
-                base["kv_prefix_digests"] = [[_digests(r)] for r in reqs]
             return base
 
     return VaseOutputStreamer
@@ -138,7 +129,7 @@ def totals() -> dict[str, Any]:
 
 @hook("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
       AFTER)
-def _internal_state(result: Any, controller: Any, *args: Any, **kwargs: Any) -> None:
+def _internal_state(result: sg.GetInternalStateReqOutput, controller: Any, *args: Any, **kwargs: Any) -> None:
     result.internal_state["vase"] = totals()
 
 
@@ -147,8 +138,8 @@ async def kv_policy_route() -> dict[str, Any]:
 
     cfg = exported_config()
     live = {}
-    manager = getattr(http_server, "_global_state", None)
-    manager = getattr(manager, "tokenizer_manager", None)
+    state: sg.GlobalState | None = http_server.get_global_state()  # None until launch_server sets it
+    manager = state.tokenizer_manager if state is not None else None
     if manager is not None:
         states = await manager.get_internal_state()
         per_rank = [s.get("vase", {}) for s in states]

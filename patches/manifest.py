@@ -1,43 +1,71 @@
-"""Every SGLang target vase-sglang touches, listed once, with the contract we rely on.
+"""Every SGLang name vase-sglang hooks, assigns, calls, mirrors or finds on the stack, listed
+once, with the contract we rely on.
+
+Kinds: ``before``, ``after``, ``around`` and ``replace`` go through SGLang's
+``HookRegistry``; ``set`` assigns an attribute or registry entry; ``call`` is a function,
+class or object the plugin uses directly (calls, instantiates, subclasses, tests against,
+adds a route to); ``mirror`` is upstream logic our own code repeats, neither hooked nor
+called, so its source is pinned; ``role`` is the function an SGLang child process runs,
+which calls ``load_plugins()``: ``vase_sglang/plugin/__init__.py`` tells which process
+loads the plugin by finding that function's name on the stack. The attributes the plugin
+reads or writes on SGLang's objects are declared in ``contract.py``, not here.
 
 The hook decorator only accepts targets listed here (with the same kind), the plugin
-checks each target it applies against its entry at start-up, and
-``tests/unit/test_manifest.py`` checks all of them offline against the pinned SGLang, so a
-version bump that renames a target or changes a signature fails with the target's name
-instead of serving wrong results.
+checks each target of its process against its entry at start-up (every kind but ``role``,
+which is read before), and ``tests/unit/test_manifest.py`` checks all of them offline
+against the pinned SGLang, so a version bump that renames a target or changes a signature
+fails with the target's name instead of serving wrong results.
 
 ``params`` is the full parameter list of the target as SGLang 0.5.23 defines it: the
 hooks read arguments by these names and positions. ``source_sha256`` pins the upstream
-source of a target whose logic we re-implement rather than call (see ``why``): when it
-changes upstream, our copy must be re-read.
+source of a target whose logic we re-implement or mirror rather than call, or whose
+internals our code relies on (see ``why``): when it changes upstream, our copy must be
+re-read. ``used_in`` names the file that uses a target no hook is registered for (kinds
+``call``, ``mirror``, ``role``); a hooked target's file is its hook's module.
+
+``python -m vase_sglang.patches.manifest`` prints the tables of ``docs/hooks.md`` from this
+list and ``contract.py``; ``--write docs/hooks.md`` rewrites them there.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import pkgutil
+import sys
+import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 SGLANG_VERSION = "0.5.23"
 
 BEFORE, AFTER, AROUND, REPLACE = "before", "after", "around", "replace"
 SET = "set"  # an attribute or registry entry we assign (no HookRegistry)
-CALL = "call"  # a function we call directly
-KINDS = (BEFORE, AFTER, AROUND, REPLACE, SET, CALL)
+CALL = "call"  # a function, class or object we use directly: call, instantiate, subclass, isinstance
+MIRROR = "mirror"  # upstream logic our own code repeats: not hooked, not called; source pinned
+ROLE = "role"  # the function a child process runs (it calls load_plugins()): names the process's role
+KINDS = (BEFORE, AFTER, AROUND, REPLACE, SET, CALL, MIRROR, ROLE)
+HOOKED = (BEFORE, AFTER, AROUND, REPLACE)  # applied through SGLang's HookRegistry
+APPLIED = (*HOOKED, SET)  # each owns one function in patches/: a hook or an installer
+
+# "main": the HTTP server and tokenizer process; "scheduler"; "other": an SGLang child the
+# plugin leaves untouched (detokenizer, data-parallel controller), named only by role entries.
+PROCESSES = ("main", "scheduler", "other")
 
 
 @dataclass(frozen=True)
 class Target:
     target: str
     kind: str
-    process: str  # "main" (HTTP/tokenizer) or "scheduler"
+    process: str  # one of PROCESSES: where the target is applied or used; for ROLE, the role it gives
     why: str
-    params: tuple[str, ...] | None = None  # None: not a function (see ``expect``)
-    expect: str | None = None  # for SET targets: "class", "int" or "dict"
+    params: tuple[str, ...] | None = None  # None: not checked as a function (see ``expect``)
+    expect: str | None = None  # for targets that are not functions: "class", "int", "dict" or "object"
     source_sha256: str | None = None
     needs: str | None = None  # applied only where this package is installed
+    used_in: str | None = None  # for CALL, MIRROR and ROLE: the file (from the repository root) that uses it
 
 
 MANIFEST: tuple[Target, ...] = (
@@ -109,6 +137,20 @@ MANIFEST: tuple[Target, ...] = (
     Target("sglang.srt.entrypoints.engine.Engine.server_args_class", SET, "main",
            "sglang.Engine(kv_policy=...): a factory that takes the kv_* keyword arguments",
            expect="class"),
+    Target("sglang.srt.arg_groups.model_override_base.resolving_view", CALL, "main",
+           "the resolved view of the server args that check_server_args' hook checks", ("server_args",),
+           used_in="patches/server_args.py"),
+    Target("sglang.srt.managers.io_struct.SessionParams", CALL, "main",
+           "a /generate body's session_params must build one (an unknown key was an HTTP 500)", expect="class",
+           used_in="patches/guards.py"),
+    Target("sglang.srt.managers.embed_types.PositionalEmbeds", CALL, "main",
+           "the only value positional_embed_overrides may hold (Python callers only; null over HTTP)",
+           expect="class", used_in="patches/guards.py"),
+    Target("sglang.srt.entrypoints.http_server.get_global_state", CALL, "main",
+           "GET /kv_policy reaches the tokenizer manager through it (live totals of every scheduler)", (),
+           used_in="patches/io.py"),
+    Target("sglang.srt.entrypoints.http_server.app", CALL, "main",
+           "SGLang's FastAPI app: GET /kv_policy is added to it", expect="object", used_in="patches/io.py"),
     # ---- scheduler: memory -----------------------------------------------------------------
     Target("sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._create_buffers_normal", AROUND, "scheduler",
            "carve every layer's K/V out of one allocation so the kernels see [layers, slots, heads, dim]; "
@@ -116,17 +158,38 @@ MANIFEST: tuple[Target, ...] = (
            ("self",),
            source_sha256="979426bbd40e8a889f1007dd27b1a68774451252f952efddb627bea9a8f421ab"),
     Target("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes", AROUND,
-           "scheduler", "subtract the query ring from the bytes the KV pool may use",
-           ("self", "pre_model_load_memory")),
+           "scheduler", "subtract the policy memory (plugin/planning.py's policy_memory: the query ring, the score "
+           "state of the policies that remember attention, and the round workspace of one batched round) from the "
+           "bytes the KV pool may use", ("self", "pre_model_load_memory")),
     Target("sglang.srt.model_executor.model_runner.ModelRunner._init_post_memory_pool_components", AFTER,
            "scheduler", "build the VaseScheduler over the pools and check the model", ("self",)),
     Target("sglang.srt.runtime_context.get_parallel", CALL, "scheduler",
-           "attn_tp_size / attn_tp_rank: which query and KV heads this rank holds", ()),
+           "attn_tp_size / attn_tp_rank: which query and KV heads this rank holds", (),
+           used_in="patches/memory.py"),
+    Target("sglang.srt.runtime_context.get_context", CALL, "scheduler",
+           "the server args (tp_size, max_running_requests) the policy memory is sized for", (),
+           used_in="patches/memory.py"),
+    Target("sglang.srt.mem_cache.memory_pool.ceil_align", CALL, "scheduler",
+           "the one allocation pads each layer's rows to a page, as SGLang's own allocation does", ("x", "y"),
+           used_in="patches/memory.py"),
+    Target("sglang.srt.mem_cache.memory_pool.GPU_MEMORY_TYPE_KV_CACHE", CALL, "scheduler",
+           "the memory-saver region the one allocation is made in, as SGLang's own", expect="object",
+           used_in="patches/memory.py"),
     # ---- scheduler: decode step ------------------------------------------------------------
     Target("sglang.srt.mem_cache.allocation.ALLOC_FOR_DECODE_FUNCS", SET, "scheduler",
            "our decode allocator for 'cpu' and 'cuda': rounds run before the step's allocation", expect="dict"),
     Target("sglang.srt.mem_cache.allocation.alloc_for_decode_default", CALL, "scheduler",
-           "the default decode allocation, called after the rounds", ("batch", "token_per_req")),
+           "the default decode allocation, called after the rounds; it writes the step's token at batch.seq_lens and "
+           "adds 1 to kv_committed_len / kv_allocated_len, which VaseScheduler._shrink_rows sets to the shortened "
+           "row before it, so its source is pinned", ("batch", "token_per_req"),
+           source_sha256="6d1d0b8ad6c7fd94a51fbbf2a379cfc48e098fe5035a714770e6954888131644",
+           used_in="patches/decode.py"),
+    Target("sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode", MIRROR, "scheduler",
+           "VaseScheduler._shrink_rows repeats its seq-lens bookkeeping for the rows a round shortened: seq_lens, "
+           "seq_lens_cpu and orig_seq_lens replaced by new tensors, seq_lens_sum reset to None (the kv lengths half "
+           "is alloc_for_decode_default's)", ("self",),
+           source_sha256="1690ff7deee18f0f8a4477dfe65f155714065e998da4d31a3e046bd1757d1ae2",
+           used_in="vase_sglang/plugin/scheduler.py"),
     Target("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", AFTER, "scheduler",
            "decode positions += delta: RoPE positions stay logical",
            ("cls", "batch", "model_runner", "capture_hidden_mode", "return_hidden_states_before_norm",
@@ -172,16 +235,29 @@ MANIFEST: tuple[Target, ...] = (
     # ---- scheduler: telemetry --------------------------------------------------------------
     Target("sglang.srt.managers.schedule_batch.Req.update_finish_state", AFTER, "scheduler",
            "feed each step's accepted tokens to the request's loop detector; end a looping request that stops "
-           "on loops", ("self", "new_accepted_len")),
+           "on loops; count a re-prefill whose first token finished the request (no decode step follows it)",
+           ("self", "new_accepted_len")),
     Target("sglang.srt.managers.schedule_batch.BaseFinishReason", CALL, "scheduler",
            "the base class of FINISH_LOOP, the finish reason of a request ended by kv_stop_on_loop",
-           expect="class"),
+           expect="class", used_in="patches/loops.py"),
     # ---- scheduler: output -----------------------------------------------------------------
     Target("sglang.srt.managers.scheduler.Scheduler.get_output_streamer_class", REPLACE, "scheduler",
-           "send the kv_* fields (counters, policy, telemetry) with every output; count a finished request's "
-           "telemetry once (a subclass of SGLang's streamer, not a copy)", ("self",)),
+           "send patches/io.py's META_KEYS with every output: the request's counters (RequestCounters: region "
+           "length, evicted tokens, rounds, re-prefilled tokens), its policy and the reason (PolicyChoice), with "
+           "--kv-telemetry on the telemetry signals (evicted attention, loop) and with --kv-calibration the KL "
+           "estimate; count a finished request's telemetry once (a subclass of SGLang's streamer, not a copy)",
+           ("self",)),
     Target("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
            ".get_internal_state", AFTER, "scheduler", "live totals for GET /kv_policy", ("self", "recv_req")),
+    # ---- process roles: read by plugin/__init__.py before any hook is installed ----------
+    Target("sglang.srt.managers.scheduler.run_scheduler_process", ROLE, "scheduler",
+           "a scheduler (TP/PP rank) child runs it: the process applies the scheduler entries when the policy evicts",
+           used_in="vase_sglang/plugin/__init__.py"),
+    Target("sglang.srt.managers.detokenizer_manager.run_detokenizer_process", ROLE, "other",
+           "the detokenizer child runs it: nothing is applied there", used_in="vase_sglang/plugin/__init__.py"),
+    Target("sglang.srt.managers.data_parallel_controller.run_data_parallel_controller_process", ROLE, "other",
+           "the data-parallel controller child runs it (its schedulers are found by their own entry): nothing is "
+           "applied there", used_in="vase_sglang/plugin/__init__.py"),
 )
 
 BY_TARGET: dict[str, Target] = {t.target: t for t in MANIFEST}
@@ -212,6 +288,13 @@ def source_digest(obj: Any) -> str:
     return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()
 
 
+def calls(obj: Any, name: str) -> bool:
+    """Whether the source of function ``obj`` calls ``name(...)`` or ``<something>.name(...)`` itself."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
+    return any(isinstance(node, ast.Call) and name in (getattr(node.func, "id", None), getattr(node.func, "attr", None))
+               for node in ast.walk(tree))
+
+
 def check(entry: Target) -> None:
     """Raise ContractError if ``entry.target`` is missing or no longer has the expected shape."""
     try:
@@ -220,10 +303,19 @@ def check(entry: Target) -> None:
         raise ContractError(f"{entry.target}: cannot be resolved ({type(exc).__name__}: {exc})") from None
     if entry.expect is not None:
         ok = {"class": isinstance(obj, type) or callable(obj), "int": isinstance(obj, int),
-              "dict": isinstance(obj, dict)}[entry.expect]
+              "dict": isinstance(obj, dict), "object": obj is not None}[entry.expect]
         if not ok:
             raise ContractError(f"{entry.target}: expected a {entry.expect}, found {type(obj).__name__}")
         return
+    if entry.kind == ROLE:
+        # plugin/__init__.py matches the code name of each frame on the stack of load_plugins().
+        name = entry.target.rpartition(".")[2]
+        if getattr(getattr(obj, "__code__", None), "co_name", None) != name:
+            raise ContractError(f"{entry.target}: not a function whose code is named {name}; plugin/__init__.py "
+                                "finds the process's role by that name on the stack")
+        if not calls(obj, "load_plugins"):
+            raise ContractError(f"{entry.target}: no longer calls load_plugins() itself; plugin/__init__.py "
+                                "would not find it on the stack and would take the process for the main one")
     if entry.params is not None:
         try:
             params = tuple(inspect.signature(obj).parameters)
@@ -234,8 +326,15 @@ def check(entry: Target) -> None:
     if entry.source_sha256 is not None:
         digest = source_digest(obj)
         if digest != entry.source_sha256:
+            ours = entry.used_in or "our re-implementation"
             raise ContractError(f"{entry.target}: upstream source changed (sha256 {digest[:12]}..., pinned "
-                                f"{entry.source_sha256[:12]}...); re-read it against our re-implementation")
+                                f"{entry.source_sha256[:12]}...); re-read it against {ours} (see its why), "
+                                "then re-pin the new sha256")
+
+
+def role_functions() -> dict[str, str]:
+    """The function names SGLang's child processes run (the ROLE entries), each with the role it gives."""
+    return {e.target.rpartition(".")[2]: e.process for e in MANIFEST if e.kind == ROLE}
 
 
 def available(entry: Target) -> bool:
@@ -258,3 +357,113 @@ def check_all(process: str | None = None) -> list[str]:
         except ContractError as exc:
             problems.append(str(exc))
     return problems
+
+
+# ---- docs/hooks.md: the tables, generated from MANIFEST and contract.CONTRACTS -------------
+
+DOC_BEGIN = ("<!-- BEGIN generated by `python -m vase_sglang.patches.manifest --write docs/hooks.md` from "
+             "patches/manifest.py and patches/contract.py: edit those, not this block -->")
+DOC_END = "<!-- END generated -->"
+_TITLES = {"main": "Main process (HTTP server and tokenizer)", "scheduler": "Scheduler process"}
+
+
+def file_of(entry: Target) -> str:
+    """The file, from the repository root, that hooks or uses ``entry``'s target."""
+    if entry.used_in is not None:
+        return entry.used_in
+    from . import hooks
+
+    hooks.import_patch_modules()
+    module = hooks.registered_function(entry.target).__module__  # e.g. vase_sglang.patches.io
+    return module.removeprefix("vase_sglang.").replace(".", "/") + ".py"
+
+
+def _short(target: str) -> str:
+    return f"`{target.removeprefix('sglang.srt.')}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _kind_label(entry: Target) -> str:
+    label = entry.kind + (", source pinned" if entry.source_sha256 else "")
+    return label + (f" (needs {entry.needs})" if entry.needs else "")
+
+
+def markdown() -> str:
+    """docs/hooks.md's generated block: the manifest's entries by process and file, the
+    process roles, and the attribute contract's classes."""
+    from . import contract
+
+    lines = [DOC_BEGIN, ""]
+    for process, title in _TITLES.items():
+        entries = [e for e in MANIFEST if e.process == process and e.kind != ROLE]
+        lines += [f"## {title}", "",
+                  "Targets are under `sglang.srt.` unless written in full; each bold row names the file that hooks "
+                  "or uses the targets below it.", "", "| target | kind | why |", "|---|---|---|"]
+        files = {e.target: file_of(e) for e in entries}
+        for path in dict.fromkeys(files.values()):  # in the order of their first entry
+            lines.append(f"| **[`{path}`](../{path})** | | |")
+            lines += [f"| {_short(e.target)} | {_kind_label(e)} | {_cell(e.why)} |"
+                      for e in entries if files[e.target] == path]
+        lines.append("")
+    lines += ["## Process roles", "",
+              "SGLang calls `register()` in every process it starts. `vase_sglang/plugin/__init__.py` takes the "
+              "process's role from the innermost of these functions on the stack of `load_plugins()` (each calls it "
+              "itself); with none of them, the process is the main one (`launch_server`, `sglang.Engine`, or the "
+              "server child of `sgl.Runtime`).", "",
+              "| function | role | why |", "|---|---|---|"]
+    lines += [f"| {_short(e.target)} | {e.process} | {_cell(e.why)} |" for e in MANIFEST if e.kind == ROLE]
+    lines += ["", "## The attribute contract, class by class", "",
+              "Each Protocol of `patches/contract.py`, the SGLang class it is checked against, and the attributes "
+              "it declares.", "", "| SGLang class | Protocol | attributes |", "|---|---|---|"]
+    lines += [f"| {_short(path)} | `{protocol.__name__}` | {', '.join(f'`{n}`' for n in contract.members(protocol))} |"
+              for protocol, path in contract.CONTRACTS]
+    lines += ["", DOC_END]
+    return "\n".join(lines) + "\n"
+
+
+def generated_block(text: str) -> str | None:
+    """The generated block of a document (from the DOC_BEGIN line through the DOC_END line), or None."""
+    start = text.find(DOC_BEGIN)
+    end = text.find(DOC_END, start) if start >= 0 else -1
+    if end < 0:
+        return None
+    return text[start : end + len(DOC_END)] + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m vase_sglang.patches.manifest",
+                                     description="Print the generated tables of docs/hooks.md (needs the pinned "
+                                                 "SGLang installed), or write or check them in place.")
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--write", metavar="FILE", type=Path, help="replace FILE's generated block")
+    action.add_argument("--check", metavar="FILE", type=Path, help="exit 1 if FILE's generated block is not current")
+    args = parser.parse_args(argv)
+    block = markdown()
+    path: Path | None = args.write or args.check
+    if path is None:
+        sys.stdout.write(block)
+        return 0
+    text = path.read_text()
+    old = generated_block(text)
+    if old is None:
+        print(f"{path}: no generated block (a {DOC_BEGIN!r} line through a {DOC_END!r} line)", file=sys.stderr)
+        return 1
+    if args.check:
+        if old != block:
+            print(f"{path}: the generated block is out of date; run python -m vase_sglang.patches.manifest "
+                  f"--write {path}", file=sys.stderr)
+            return 1
+        return 0
+    path.write_text(text.replace(old, block))
+    return 0
+
+
+if __name__ == "__main__":
+    from vase_sglang.patches import manifest as _manifest  # the module the hooks import, not a second copy
+
+    sys.exit(_manifest.main())

@@ -23,15 +23,10 @@ import torch
 
 from vase_sglang.kernels import ops
 from vase_sglang.plugin import scheduler
-from vase_sglang.plugin.options import (
-    captures_queries,
-    exported_auto,
-    exported_config,
-    exported_seed,
-    exported_telemetry,
-    keeps_state,
-)
-from vase_sglang.plugin.scheduler import MAX_ROUND_BATCH, VaseScheduler, policy_memory, stacked_view
+from vase_sglang.plugin.engine import stacked_view
+from vase_sglang.plugin.handoff import exported_auto, exported_config, exported_seed, exported_telemetry
+from vase_sglang.plugin.planning import MAX_ROUND_BATCH, captures_queries, keeps_state, policy_memory
+from vase_sglang.plugin.scheduler import VaseScheduler
 from vase_sglang.sharding import HeadShard, head_shard
 
 from . import contract as sg

@@ -30,7 +30,7 @@ DONE = "data: [DONE]\n\n"
 
 
 def kv_fields(meta_info: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in meta_info.items() if k.startswith("kv_") and k != "kv_prefix_digests"}
+    return {k: v for k, v in meta_info.items() if k.startswith("kv_")}
 
 
 def remember(meta_info: dict[str, Any]) -> None:

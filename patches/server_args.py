@@ -5,7 +5,7 @@ Hooks (main process):
 * ``arg_utils.add_cli_args_from_dataclass`` AFTER: add the flags to SGLang's parser, so
   they show in ``--help`` and argparse checks ``--kv-policy`` choices.
 * ``server_args.prepare_server_args`` AROUND: build the PolicyConfig from the flags,
-  export it to the child processes, and turn off what v1 cannot run with.
+  export it to the child processes, and turn off what an evicting policy cannot run with.
 * ``validation_hook.check_server_args`` AFTER: reject unsupported combinations, reading
   the resolved values.
 * ``Engine.server_args_class``: a factory that takes the same fields as keyword args.
@@ -21,22 +21,17 @@ from typing import Any
 
 from vase_sglang.config import PolicyConfig, PolicyConfigError
 from vase_sglang.plugin.auto import AutoTable
-from vase_sglang.plugin.options import (
-    AUTO,
-    add_cli_flags,
-    export_config,
-    exported_config,
-    server_options,
-    telemetry_options,
-)
+from vase_sglang.plugin.flags import add_cli_flags, server_options, telemetry_options
+from vase_sglang.plugin.handoff import export_config, exported_config
+from vase_sglang.plugin.options import AUTO
 from vase_sglang.plugin.telemetry import TelemetryOptions
 
 from . import contract as sg
+from .backends import SUPPORTED_BACKENDS
 from .hooks import AFTER, AROUND, fail, hook, installs
 
 logger = logging.getLogger("vase_sglang.patches.server_args")
 
-SUPPORTED_BACKENDS = ("torch_native", "triton", "flashinfer")
 SUPPORTED_KV_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32")
 # Query-ring rows are allocated per request slot; without a user value, cap the slots.
 DEFAULT_MAX_RUNNING_REQUESTS = 128
@@ -126,7 +121,7 @@ def policy_overrides(given: Any, cfg: PolicyConfig) -> dict[str, Any]:
 
 
 def _adjust_for_policy(server_args: Any, cfg: PolicyConfig) -> None:
-    """Input changes v1 needs, made before resolution seals the record."""
+    """Apply ``policy_overrides`` (what an evicting policy needs changed) before resolution seals the record."""
     for name, value in policy_overrides(server_args, cfg).items():
         setattr(server_args, name, value)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up .venv (first run: ~6 min, ~11 GB for sglang 0.5.23 and torch), checks the
-# tree with ruff and mypy, and runs the whole test suite, end-to-end tests included.
+# tree with ruff and mypy (the package and tests/support), and runs the whole test
+# suite, end-to-end tests included.
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +9,9 @@ bash scripts/setup.sh test
 set +e
 .venv/bin/ruff check .
 lint=$?
-.venv/bin/mypy -p vase_sglang
+# The package, and the test support code: its fakes must satisfy the Protocols of
+# patches/contract.py they stand in for.
+.venv/bin/mypy -p vase_sglang && .venv/bin/mypy tests/support
 types=$?
 # The installed package, as users and servers get it (`python -m pytest tests/unit` from
 # the root works too).

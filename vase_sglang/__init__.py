@@ -8,10 +8,14 @@ do not import SGLang):
 * ``vase_sglang.config``, ``policies``, ``sharding`` -- the algorithm: ``PolicyConfig``
   validated once, one small class per eviction method, heads per tensor-parallel rank.
 * ``vase_sglang.kernels``  -- tensor-only Triton kernels and their torch references.
-* ``vase_sglang.plugin``   -- the SGLang side: ``register()`` (the entry point),
-  ``scheduler.VaseScheduler`` (the one owner of per-request eviction state), ``options``
-  (the ``--kv-*`` flags and request fields), ``auto``, ``metrics``, ``stats``, and the two
-  start-up hooks ``cpu_mode`` and ``frontend``.
+* ``vase_sglang.plugin``   -- the SGLang side: ``register()`` (the entry point);
+  ``scheduler.VaseScheduler`` (the one owner of per-request eviction state, a
+  ``request.RequestState`` each) over ``engine.RoundEngine`` (the buffers and the rounds,
+  tensors only); ``planning`` (reachable policies, memory sizing, warm-up variants);
+  ``flags`` (the ``--kv-*`` flags), ``options`` (the per-request ``kv_*`` fields) and
+  ``handoff`` (the server's settings to SGLang's child processes); ``auto``, ``report``,
+  ``telemetry``, ``metrics``, ``stats``, and the two start-up hooks ``cpu_mode`` and
+  ``frontend``.
 * ``vase_sglang.patches``  -- the thin SGLang glue: hooks on the targets listed in
   ``patches/manifest.py``, each one call into the scheduler adapter.
 

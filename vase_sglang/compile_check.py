@@ -206,7 +206,8 @@ def warm_up_setting(setting: Setting) -> dict[str, Variant]:
 
     import torch
 
-    from .plugin.options import captures_queries, config_from_flags, keeps_state
+    from .plugin.flags import config_from_flags
+    from .plugin.planning import captures_queries, keeps_state
     from .plugin.scheduler import VaseScheduler
     from .plugin.telemetry import TelemetryOptions
 

@@ -187,11 +187,21 @@ class PolicyConfig:
             return cls(**dict(values))
         return base.replace(**dict(values))
 
+    @staticmethod
+    def parse_fields(source: str | Mapping[str, Any]) -> dict[str, Any]:
+        """The fields of a JSON object given as text or already parsed, with the errors of
+        ``--kv-policy-config`` (which names it)."""
+        parsed: Any = source
+        if isinstance(source, str):
+            try:
+                parsed = json.loads(source)
+            except json.JSONDecodeError as exc:
+                raise PolicyConfigError("kv_policy_config", source,
+                                        f"must be valid JSON ({exc.msg} at char {exc.pos})") from None
+        if not isinstance(parsed, Mapping):
+            raise PolicyConfigError("kv_policy_config", source, "must be a JSON object")
+        return dict(parsed)
+
     @classmethod
     def from_json(cls, text: str, base: PolicyConfig | None = None) -> PolicyConfig:
-        try:
-            values = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PolicyConfigError("kv_policy_config", text,
-                                    f"must be valid JSON ({exc.msg} at char {exc.pos})") from None
-        return cls.from_dict(values, base)
+        return cls.from_dict(cls.parse_fields(text), base)

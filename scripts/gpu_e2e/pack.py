@@ -35,9 +35,11 @@ import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from vase_sglang.patches.manifest import SGLANG_VERSION
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-SGLANG = "sglang==0.5.23"
+SGLANG = f"sglang=={SGLANG_VERSION}"  # the one pin: patches/manifest.py
 STUBS_NAME, STUBS_VERSION = "vase_gpu_e2e_stubs", "0.1.0"
 LIMIT_MIB = 40
 # manylinux tags pip must match exactly; the H200 image runs glibc >= 2.35.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from support.constants import ADMISSION_POOL, LOAD_POOL, VASE_ARGS
+from support.e2e import oracle_env
 from support.server import start_server
 from support.telemetry import write_tiny_calibration
 
@@ -19,8 +20,11 @@ def server_dir(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def vase_server(request, tiny_model, server_dir):
-    return start_server(request, "vase", tiny_model, server_dir, *VASE_ARGS, "--enable-metrics",
-                        env={"VASE_SGLANG_DEBUG_DIGEST": "1"})
+    # The prefix oracle digests each prompt's K/V at every region start and round.
+    server = start_server(request, "vase", tiny_model, server_dir, *VASE_ARGS, "--enable-metrics",
+                          env=oracle_env(server_dir / "vase-digests.jsonl"))
+    server.digest_file = server_dir / "vase-digests.jsonl"
+    return server
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,9 @@ from support.fakes import FakePool
 from vase_sglang import compile_check as cc
 from vase_sglang.config import PolicyConfig
 from vase_sglang.kernels import ops, reference
-from vase_sglang.plugin.scheduler import VaseScheduler, policies_for, stacked_view
+from vase_sglang.plugin.engine import stacked_view
+from vase_sglang.plugin.planning import reachable_policies
+from vase_sglang.plugin.scheduler import VaseScheduler
 from vase_sglang.plugin.telemetry import TelemetryOptions
 
 LAYERS, KV_HEADS, GROUP, DIM = 2, 2, 2, 16
@@ -54,7 +56,7 @@ def test_rounds_after_reprefills_of_any_length_compile_nothing_new() -> None:
     rows = torch.ones(1, dtype=torch.int64, device=DEVICE)
     slots_row = sched.req_to_token_pool.req_to_token[1].to(DEVICE)
     with cc.recording() as later:
-        for name in policies_for(server):
+        for name in reachable_policies(server):
             for budget in (server.budget, server.budget - server.recent):  # a request may ask for less
                 cfg = server.replace(policy=name, budget=budget)
                 for n in extra:

@@ -40,13 +40,9 @@ from vase_sglang.kernels import (
     value_stat,
     window_attention,
 )
-from vase_sglang.plugin.scheduler import (
-    VaseScheduler,
-    policies_for,
-    round_workspace_bytes,
-    stacked_view,
-    warmup_configs,
-)
+from vase_sglang.plugin.engine import stacked_view
+from vase_sglang.plugin.planning import reachable_policies, round_workspace_bytes, warmup_configs
+from vase_sglang.plugin.scheduler import VaseScheduler
 from vase_sglang.policies import POLICIES, Regions, RoundShape, make_policy
 
 KERNEL_MODULES = (compact, cur, evicted_mass, select, value_stat, window_attention)
@@ -262,7 +258,7 @@ def test_server_reserve_covers_every_policy_a_request_may_pick() -> None:
     server = PolicyConfig(policy="vase", budget=256, recent=64)
     shape = RoundShape(n_req=200, n_layers=4, q_heads=8, kv_heads=2, head_dim=64, itemsize=2)
     reserved = round_workspace_bytes(server, shape)
-    for name in policies_for(server):
+    for name in reachable_policies(server):
         pol = make_policy(server.replace(policy=name))
         assert pol.workspace_bytes(RoundShape(**{**shape.__dict__, "n_req": 32})) <= reserved
     # Bounded by the launch cap, not by the number of running requests.
@@ -287,7 +283,7 @@ def test_warm_up_launches_every_variant_requests_reach(monkeypatch: pytest.Monke
     rng = random.Random(0)
     for _ in range(12):
         budget = rng.randrange(2 * server.recent, server.budget + 1, server.recent)
-        cfg = server.replace(policy=rng.choice(policies_for(server)), budget=budget)
+        cfg = server.replace(policy=rng.choice(reachable_policies(server)), budget=budget)
         if rng.random() < 0.3 and cfg.large:
             cfg = cfg.replace(n_large=rng.randrange(0, cfg.budget - cfg.recent - cfg.sinks + 1))
         r = random_regions(cfg, n_req=rng.randrange(1, 4), n_layers=layers, kv_heads=heads, group=2, head_dim=dim)

@@ -98,8 +98,31 @@ def assert_matches_reference(model, policy: str, prompt: list[int], out: dict, t
     server_lp = [lp for lp, _, _ in meta["output_token_logprobs"]]
     diffs = [abs(a - b) for a, b in zip(server_lp, ref_lp, strict=True)]
     worst = max(diffs)
-    first = next((i for i, d in enumerate(diffs) if d >= tol), None)
+    first = next((i for i, d in enumerate(diffs) if d >= tol), 0)  # read only when some diff >= tol
     assert worst < tol, (f"re-prefilled at {reprefills}: max |logprob diff| = {worst}, first at token {first} "
                          f"(diffs from there: {[round(d, 5) for d in diffs[first:first + 8]]}), "
                          f"{meta['kv_eviction_rounds']} rounds")
     return worst
+
+
+ORACLE_PATH = Path(__file__).parent / "prefix_oracle"
+
+
+def oracle_env(digest_file: Path) -> dict[str, str]:
+    """Server environment that loads the prefix oracle (``prefix_oracle/sitecustomize.py``)
+    into every server process, writing to ``digest_file``."""
+    path = os.pathsep.join(p for p in (str(ORACLE_PATH), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "VASE_TEST_DIGEST_FILE": str(digest_file)}
+
+
+def prefix_digests(digest_file: Path) -> dict[str, list[str]]:
+    """Per request id, the oracle's digests of its prompt's K/V since its region last
+    started: the start, then one after each round."""
+    out: dict[str, list[str]] = {}
+    for line in digest_file.read_text().splitlines():
+        entry = json.loads(line)
+        if entry["event"] == "start":
+            out[entry["rid"]] = [entry["digest"]]
+        else:
+            out[entry["rid"]].append(entry["digest"])
+    return out

@@ -3,15 +3,18 @@ patches/contract.py), and a VaseScheduler over them: no SGLang, no server."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from vase_sglang.config import PolicyConfig
+from vase_sglang.patches import contract as sg
+from vase_sglang.plugin.engine import stacked_view
 from vase_sglang.plugin.options import stamp_validated, stop_on_loop, validate_request
-from vase_sglang.plugin.scheduler import VaseScheduler, stacked_view
+from vase_sglang.plugin.scheduler import VaseScheduler
 
 CFG = PolicyConfig(policy="vase", budget=16, recent=4, sinks=2)
 LAYERS, HEADS, DIM, Q_HEADS = 3, 2, 8, 4
@@ -30,19 +33,23 @@ class FakeParams:
     custom_params: dict[str, Any] | None = None
     sampling_seed: int | None = None
     max_new_tokens: int = 1000
+    # Read by patches/guards.py, not by the adapter; here so the fake is a whole SamplingParams.
+    n: int = 1
+    top_k: int = -1
+    stop_regex: str | list[str] | None = None
 
 
 class FakeReq:
     def __init__(self, rid: str, row: int, prompt: int, custom: dict[str, Any] | None = None,
                  sampling_seed: int | None = None):
         if custom:  # what SamplingParams.verify leaves for the scheduler
-            cfg, seed = validate_request(CFG, custom)
+            cfg, seed, _ = validate_request(CFG, custom)
             stamp_validated(custom, cfg, seed, "", stop_on_loop(custom, CFG))
         self.rid = rid
-        self.sampling_params = FakeParams(custom, sampling_seed)
-        self.kv = FakeKV(row, prompt, prompt, prompt)
-        self.origin_input_ids = list(range(prompt))
-        self.output_ids: list[int] = []
+        self.sampling_params: sg.SamplingParams = FakeParams(custom, sampling_seed)
+        self.kv: sg.ReqKvInfo = FakeKV(row, prompt, prompt, prompt)
+        self.origin_input_ids: Sequence[int] = list(range(prompt))
+        self.output_ids: Sequence[int] = []
         self.retraction_count = 0
         self.tokenizer: Any = None
         self.finished_reason: Any = None
@@ -69,11 +76,12 @@ class FakeAllocator:
 
 class FakeBatch:
     def __init__(self, reqs: list[FakeReq]):
-        self.reqs = reqs
+        self.reqs: list[sg.Req] = [*reqs]
         lens = torch.tensor([r.kv.kv_committed_len for r in reqs])
-        self.seq_lens, self.seq_lens_cpu, self.orig_seq_lens = lens.clone(), lens.clone(), lens.clone()
+        self.seq_lens, self.seq_lens_cpu = lens.clone(), lens.clone()
+        self.orig_seq_lens: torch.Tensor | None = lens.clone()
         self.seq_lens_sum: int | None = int(lens.sum())
-        self.token_to_kv_pool_allocator = FakeAllocator()
+        self.token_to_kv_pool_allocator: sg.TokenToKVPoolAllocator = FakeAllocator()
 
 
 def make_scheduler(rows: int = 4, cols: int = 40, server_seed: int | None = None,
@@ -102,3 +110,12 @@ def server_args(**given: Any) -> SimpleNamespace:
     unknown = set(given) - set(defaults)
     assert not unknown, f"not ServerArgs fields: {sorted(unknown)}"
     return SimpleNamespace(**{**defaults, **given})
+
+
+if TYPE_CHECKING:
+    # Each stand-in satisfies the Protocol of patches/contract.py it stands in for: mypy
+    # checks tests/support (scripts/test.sh), so a fake that drifts from SGLang's shape fails.
+    _req: sg.Req = FakeReq("r", 0, 1)
+    _batch: sg.ScheduleBatch = FakeBatch([])
+    _pool: sg.ReqToTokenPool = FakePool(1, 1)
+    _allocator: sg.TokenToKVPoolAllocator = FakeAllocator()

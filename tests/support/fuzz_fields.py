@@ -171,7 +171,7 @@ def bodies(base: st.SearchStrategy[dict], fields: dict[str, st.SearchStrategy[An
 
 SMALL = {"max_new_tokens": 4}
 # One prompt and a batch of two, as text and as ids: list-valued fields then meet both forms.
-GENERATE_BASES = st.sampled_from([
+GENERATE_BASES: st.SearchStrategy[dict] = st.sampled_from([
     {"text": "Hello there", "sampling_params": SMALL},
     {"text": ["Hello", "Good day"], "sampling_params": SMALL},
     {"input_ids": PROMPT_IDS, "sampling_params": SMALL},

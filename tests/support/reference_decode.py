@@ -31,7 +31,8 @@ class ReferenceDecoder:
         self.head_dim = getattr(mc, "head_dim", mc.hidden_size // mc.num_attention_heads)
         self.rounds = 0
         self.position = 0
-        self.state = None  # a stateful policy's carried scores [1, layers, Hkv, B + R], as the server's
+        # A stateful policy's carried scores [1, layers, Hkv, B + R], as the server's.
+        self.state: torch.Tensor | None = None
 
     @torch.no_grad()
     def _qkv(self, layer, h: torch.Tensor, positions: torch.Tensor):
@@ -71,13 +72,13 @@ class ReferenceDecoder:
     def prefill(self, prompt_ids: list[int]) -> torch.Tensor:
         """Logits ``[vocab]`` after the prompt."""
         n = self.n_layers
-        self.prompt_k, self.prompt_v = [None] * n, [None] * n
         empty = torch.zeros((self.hkv, 0, self.head_dim))
+        self.prompt_k, self.prompt_v = [empty] * n, [empty] * n  # set by the causal forward below
         self.region_k, self.region_v = [empty] * n, [empty] * n
         self._window = self.cfg.recent if self.cfg else 1
         self.window_q = [torch.zeros((self.hq, 0, self.head_dim))] * n
         if self.policy is not None and self.policy.stateful:  # a new region: nothing scored yet
-            self.state = torch.zeros((1, n, self.hkv, self.cfg.region_size))
+            self.state = torch.zeros((1, n, self.hkv, self.policy.config.region_size))
         ids = torch.tensor(prompt_ids)
         self.position = len(prompt_ids)
         return self._forward(ids, torch.arange(len(prompt_ids)), causal=True)[-1]
@@ -96,8 +97,8 @@ class ReferenceDecoder:
         return logits
 
     def _maybe_evict(self) -> None:
-        cfg = self.cfg
-        if cfg is None or self.region_k[0].shape[1] < cfg.region_size:
+        cfg, policy = self.cfg, self.policy
+        if cfg is None or policy is None or self.region_k[0].shape[1] < cfg.region_size:
             return
         keys = torch.stack(self.region_k)[None]  # [1, layers, H, L, D]
         values = torch.stack(self.region_v)[None]
@@ -105,9 +106,10 @@ class ReferenceDecoder:
         regions = Regions.from_dense(keys, values, queries, seeds=[self.seed], rounds=[self.rounds])
         if self.state is not None:
             regions.state = carried_scores(self.state, torch.tensor([0]), regions.n_candidates(cfg.recent))
-        selection = self.policy.selection(regions)
+        selection = policy.selection(regions)
         keep = selection.keep[0]  # [layers, H, B]
         if self.state is not None:
+            assert selection.carry is not None, "a stateful policy's selection carries its scores"
             ops.carry_scores(self.state, torch.tensor([0]), selection.carry, selection.keep, backend=self.backend)
         idx = keep[..., None].expand(-1, -1, -1, self.head_dim)
         kept_k = torch.gather(keys[0], 2, idx)

@@ -32,6 +32,7 @@ class Server(ServerProcess):
         super().__init__(name, str(model), ["--max-total-tokens", str(max_total_tokens), *TEST_FLAGS, *args], "cpu",
                          workdir / f"{name}.log", workdir)
         self.env = cpu_env(**(env or {}))
+        self.digest_file: Path | None = None  # the prefix oracle's output, when it runs (support.e2e.oracle_env)
 
     def start(self, timeout: float = 240.0) -> Server:
         self.launch()

@@ -19,6 +19,8 @@ sys.path.insert(0, str(KIT))
 import pack  # noqa: E402
 import run  # noqa: E402
 
+from vase_sglang.patches.manifest import SGLANG_VERSION  # noqa: E402
+
 
 def _in_stub_path(code: str) -> subprocess.CompletedProcess:
     """Runs ``code`` with the stand-ins first on the path (the real sgl_kernel is installed here)."""
@@ -154,7 +156,7 @@ def test_pack_builds_a_carry_within_the_limit_and_refuses_more(tmp_path: Path) -
     assert "MiB  in all" in built.stdout
     wheels = {p.name: p for p in (tmp_path / "carry" / "wheels").iterdir()}
     assert len(wheels) == len(pack.requirements(KIT / "carry.txt")) + 3
-    with zipfile.ZipFile(wheels["sglang-0.5.23-py3-none-any.whl"]) as z:
+    with zipfile.ZipFile(wheels[f"sglang-{SGLANG_VERSION}-py3-none-any.whl"]) as z:
         names = z.namelist()
     assert not [n for n in names if n.endswith(".so") or n.startswith(pack.SGLANG_DROPPED)]
     assert "sglang/srt/managers/scheduler.py" in names
@@ -186,7 +188,7 @@ def test_cpu_rehearsal_of_the_whole_kit(tmp_path: Path) -> None:
         checks = doc["checks"]
         assert checks["greedy_equal_before_first_round"] and checks["all_requests_completed"], checks
         assert checks["vase_rounds_run"] and checks["vase_region_within_bound"] and checks["vase_no_retractions"]
-        assert doc["host"]["sglang"] == "0.5.23"
+        assert doc["host"]["sglang"] == SGLANG_VERSION
     arms = json.loads((tmp_path / "rehearsal" / "bundled-arms" / "gpu_e2e.json").read_text())
     assert arms["settings"]["output_len"] == 300 and len(arms["runs"]) == 2
     # Separate servers, one pool that holds 2 full-cache requests, 6 sent: vase runs more of them at once.

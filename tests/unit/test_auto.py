@@ -18,16 +18,10 @@ from vase_sglang.plugin.auto import (
     load_calibration,
     model_fingerprint,
 )
-from vase_sglang.plugin.options import (
-    captures_queries,
-    export_config,
-    exported_auto,
-    resolve_request,
-    server_options,
-    stamp_validated,
-    validate_with_reason,
-)
-from vase_sglang.plugin.scheduler import reachable_configs, round_workspace_bytes, warmup_configs
+from vase_sglang.plugin.flags import server_options
+from vase_sglang.plugin.handoff import export_config, exported_auto
+from vase_sglang.plugin.options import resolve_request, stamp_validated, validate_request
+from vase_sglang.plugin.planning import captures_queries, reachable_configs, round_workspace_bytes, warmup_configs
 from vase_sglang.policies import RoundShape, make_policy
 
 CONFIG = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
@@ -111,17 +105,17 @@ def test_auto_without_a_file_serves_the_builtin_choice() -> None:
 def test_requests_on_an_auto_server_follow_their_budget_and_say_why(tmp_path) -> None:
     table = load_calibration(str(write_calibration(tmp_path)))
     server = PolicyConfig(policy="snapkv", budget=256, recent=32)
-    cfg, _, reason = validate_with_reason(server, None, table)
+    cfg, _, reason = validate_request(server, None, table)
     assert cfg.policy == "snapkv" and "at B=256" in reason
-    cfg, _, reason = validate_with_reason(server, {"kv_budget": 128}, table)
+    cfg, _, reason = validate_request(server, {"kv_budget": 128}, table)
     assert (cfg.policy, cfg.budget, cfg.outlier_factor) == ("vase", 128, 5.0) and "vase-outliers at B=128" in reason
-    cfg, _, reason = validate_with_reason(server, {"kv_budget": 96, "kv_policy": "auto"}, table)
+    cfg, _, reason = validate_request(server, {"kv_budget": 96, "kv_policy": "auto"}, table)
     assert (cfg.policy, cfg.budget) == ("streamingllm", 96) and "B=64" in reason
-    cfg, _, reason = validate_with_reason(server, {"kv_budget": 128, "kv_policy": "random"}, table)
+    cfg, _, reason = validate_request(server, {"kv_budget": 128, "kv_policy": "random"}, table)
     assert (cfg.policy, cfg.outlier_factor, reason) == ("random", None, "request kv_policy")
     # The scheduler reads the stamp the tokenizer process wrote, reason included.
     custom: dict = {"kv_budget": 128}
-    stamp_validated(custom, *validate_with_reason(server, custom, table))
+    stamp_validated(custom, *validate_request(server, custom, table))
     options = resolve_request(server, None, custom, rid="r", auto=table)
     assert options.cfg.policy == "vase" and "vase-outliers" in options.reason
     assert "at B=256" in resolve_request(server, None, None, rid="r", auto=table).reason
@@ -129,10 +123,10 @@ def test_requests_on_an_auto_server_follow_their_budget_and_say_why(tmp_path) ->
 
 def test_kv_policy_auto_on_a_server_of_one_policy_runs_the_builtin_choice() -> None:
     server = PolicyConfig(policy="snapkv", budget=256, recent=32)
-    cfg, _, reason = validate_with_reason(server, {"kv_policy": "auto"})
+    cfg, _, reason = validate_request(server, {"kv_policy": "auto"})
     assert cfg.policy == BUILTIN_POLICY and "built-in" in reason
     with pytest.raises(PolicyConfigError, match="--kv-policy none"):
-        validate_with_reason(PolicyConfig(policy="none"), {"kv_policy": "auto"})
+        validate_request(PolicyConfig(policy="none"), {"kv_policy": "auto"})
 
 
 def test_a_table_that_may_choose_a_query_policy_makes_the_server_capture_queries_and_size_for_it() -> None:
@@ -160,8 +154,7 @@ def test_the_table_travels_to_every_process(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_a_table_that_may_choose_a_stateful_policy_makes_the_server_keep_score_state() -> None:
-    from vase_sglang.plugin.options import keeps_state
-    from vase_sglang.plugin.scheduler import score_state_bytes_per_request
+    from vase_sglang.plugin.planning import keeps_state, score_state_bytes_per_request
 
     server = PolicyConfig(policy="streamingllm", budget=128, recent=32)
     table = AutoTable({64: {"policy": "gkv"}, 128: {"policy": "h2o"}}, "t.json")

@@ -25,7 +25,8 @@ from support.fakes import CFG, DIM, HEADS, LAYERS, Q_HEADS, FakeBatch, FakePool,
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from vase_sglang.plugin import scheduler as scheduler_module
-from vase_sglang.plugin.scheduler import VaseScheduler, stacked_view
+from vase_sglang.plugin.engine import stacked_view
+from vase_sglang.plugin.scheduler import VaseScheduler
 
 
 def test_a_round_inside_capture_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

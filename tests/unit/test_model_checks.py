@@ -8,7 +8,7 @@ import pytest
 
 from vase_sglang.config import PolicyConfig
 from vase_sglang.patches import memory
-from vase_sglang.plugin.options import export_config
+from vase_sglang.plugin.handoff import export_config
 
 
 def _runner(attention_arch, **hf) -> SimpleNamespace:

@@ -7,16 +7,9 @@ import argparse
 import pytest
 
 from vase_sglang.config import PolicyConfig, PolicyConfigError
-from vase_sglang.plugin.options import (
-    add_cli_flags,
-    config_from_flags,
-    export_config,
-    exported_config,
-    exported_seed,
-    request_config,
-    seed_from_flag,
-    validate_request,
-)
+from vase_sglang.plugin.flags import add_cli_flags, config_from_flags, seed_from_flag
+from vase_sglang.plugin.handoff import export_config, exported_config, exported_seed
+from vase_sglang.plugin.options import validate_request
 
 
 def test_flags_parse_and_show_in_help(capsys: pytest.CaptureFixture[str]) -> None:
@@ -77,14 +70,14 @@ SERVER = PolicyConfig(policy="vase", budget=256, recent=32)
 
 
 def test_request_overrides() -> None:
-    assert request_config(SERVER, None) is SERVER
-    assert request_config(SERVER, {"unrelated": 1}) is SERVER
-    assert request_config(SERVER, {"kv_policy": "none"}).policy == "none"
-    small, seed = validate_request(SERVER, {"kv_budget": 128, "kv_seed": 5})
+    assert validate_request(SERVER, None).cfg is SERVER
+    assert validate_request(SERVER, {"unrelated": 1}).cfg is SERVER
+    assert validate_request(SERVER, {"kv_policy": "none"}).cfg.policy == "none"
+    small, seed, _ = validate_request(SERVER, {"kv_budget": 128, "kv_seed": 5})
     assert (small.budget, seed, small.large, small.recent) == (128, 5, 32, 32)
     # The seed is not part of the config: requests that differ only in it share one policy.
-    assert validate_request(SERVER, {"kv_seed": 6}) == (SERVER, 6)
-    assert request_config(SERVER, {"kv_policy": "vase-dkv"}).policy == "vase-dkv"
+    assert validate_request(SERVER, {"kv_seed": 6})[:2] == (SERVER, 6)
+    assert validate_request(SERVER, {"kv_policy": "vase-dkv"}).cfg.policy == "vase-dkv"
 
 
 @pytest.mark.parametrize(
@@ -105,7 +98,7 @@ def test_request_overrides() -> None:
 )
 def test_bad_request_fields(params: dict, field: str, needle: str) -> None:
     with pytest.raises(PolicyConfigError) as err:
-        request_config(SERVER, params)
+        validate_request(SERVER, params)
     assert err.value.field_name == field
     assert needle in str(err.value) and field in str(err.value)
 
@@ -116,9 +109,9 @@ def test_request_policy_needing_queries_on_a_server_without_them(monkeypatch: py
     server = PolicyConfig(policy="vase-dkv", budget=256, recent=32)
     monkeypatch.setenv("VASE_SGLANG_CONFIG", "")
     export_config(server)  # telemetry on: every evicting server records the window queries
-    assert request_config(server, {"kv_policy": "vase"}).policy == "vase"
+    assert validate_request(server, {"kv_policy": "vase"}).cfg.policy == "vase"
     export_config(server, telemetry=TelemetryOptions(enabled=False))
     with pytest.raises(PolicyConfigError, match="needs attention queries"):
-        request_config(server, {"kv_policy": "vase"})
+        validate_request(server, {"kv_policy": "vase"})
     with pytest.raises(PolicyConfigError, match="--kv-policy none"):
-        request_config(PolicyConfig(policy="none"), {"kv_policy": "vase"})
+        validate_request(PolicyConfig(policy="none"), {"kv_policy": "vase"})

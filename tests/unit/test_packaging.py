@@ -112,3 +112,12 @@ def test_what_runs_inside_sglang_imports_no_tool_and_the_algorithm_no_sglang() -
             if _part(name) == "algorithm" and imported.split(".")[0] in ("sglang", "sgl_kernel"):
                 crossings.append(f"{name} imports {imported}")
     assert not crossings, "\n".join(crossings)
+
+
+def test_the_sglang_pin_is_the_manifests() -> None:
+    """One SGLang version: pyproject's dependency pin is ``manifest.SGLANG_VERSION``, the
+    version the manifest's targets, the GPU kit (scripts/gpu_e2e/pack.py) and the tests use."""
+    from vase_sglang.patches.manifest import SGLANG_VERSION
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert [d for d in deps if d.startswith("sglang")] == [f"sglang=={SGLANG_VERSION}"]

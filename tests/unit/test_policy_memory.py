@@ -12,8 +12,8 @@ import torch
 
 from vase_sglang.config import PolicyConfig
 from vase_sglang.patches import memory
-from vase_sglang.plugin.options import export_config
-from vase_sglang.plugin.scheduler import (
+from vase_sglang.plugin.handoff import export_config
+from vase_sglang.plugin.planning import (
     query_ring_bytes_per_request,
     round_workspace_bytes,
     score_state_bytes_per_request,

@@ -40,7 +40,7 @@ def test_the_tools_lists_are_the_registrys() -> None:
     from vase_sglang.calibrate import analysis
     from vase_sglang.eval import __main__ as eval_main
     from vase_sglang.fidelity import sweep
-    from vase_sglang.plugin.options import reachable_policies
+    from vase_sglang.plugin.planning import reachable_policies
 
     assert sweep.SWEEP_POLICIES == registry.EVICTING and sweep.SEEDED == registry.STOCHASTIC
     served = [changes["policy"] for changes in analysis.CANDIDATES.values()]

@@ -21,8 +21,9 @@ from support.fakes import (
 
 from vase_sglang.config import PolicyConfig
 from vase_sglang.kernels import reference
+from vase_sglang.plugin.engine import stacked_view
 from vase_sglang.plugin.options import identity_seed
-from vase_sglang.plugin.scheduler import VaseScheduler, stacked_view
+from vase_sglang.plugin.scheduler import VaseScheduler
 from vase_sglang.policies import Regions, make_policy
 
 

@@ -101,15 +101,17 @@ def test_a_restarted_region_starts_with_no_scores() -> None:
 
 
 def test_a_stateful_policy_needs_a_server_with_score_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vase_sglang.plugin.options import export_config, keeps_state, request_config
+    from vase_sglang.plugin.handoff import export_config
+    from vase_sglang.plugin.options import validate_request
+    from vase_sglang.plugin.planning import keeps_state
     from vase_sglang.plugin.telemetry import TelemetryOptions
 
     streaming = CFG.replace(policy="streamingllm")
     assert keeps_state(CFG) and keeps_state(streaming, telemetry=True) and not keeps_state(streaming)
     monkeypatch.setenv("VASE_SGLANG_CONFIG", "")
     export_config(streaming)  # telemetry on: queries captured, state kept
-    assert request_config(streaming, {"kv_policy": "h2o"}).policy == "h2o"
+    assert validate_request(streaming, {"kv_policy": "h2o"}).cfg.policy == "h2o"
     # Without queries no stateful policy can run (each reads them): refused per request.
     export_config(streaming, telemetry=TelemetryOptions(enabled=False))
     with pytest.raises(ValueError, match="needs attention queries"):
-        request_config(streaming, {"kv_policy": "gkv"})
+        validate_request(streaming, {"kv_policy": "gkv"})

@@ -239,7 +239,7 @@ def test_meta_info_fields_follow_the_server_settings(monkeypatch: pytest.MonkeyP
     """--kv-telemetry off sends no telemetry field; without a calibration no estimate field."""
     from vase_sglang.patches import io
     from vase_sglang.plugin import scheduler as adapter
-    from vase_sglang.plugin.options import export_config
+    from vase_sglang.plugin.handoff import export_config
 
     sched = _scheduler_with_estimator()
     monkeypatch.setattr(adapter, "_current", sched)

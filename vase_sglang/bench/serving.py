@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve(st: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
     """Checks the options together and fills in the defaults, in place; a bad one exits through parser.error."""
     from ..config import PolicyConfig, PolicyConfigError
-    from ..plugin.options import seed_from_flag
+    from ..plugin.flags import seed_from_flag
     try:
         if PolicyConfig(policy=st.kv_policy, budget=st.kv_budget, recent=st.kv_recent).policy == "none":
             parser.error("invalid --kv-policy none: the compared arm must evict")

@@ -15,32 +15,32 @@ from __future__ import annotations
 import sys
 import types
 
-# The functions SGLang's child processes run; each calls load_plugins() itself.
-SCHEDULER_ENTRY = "run_scheduler_process"
-OTHER_ENTRIES = ("run_detokenizer_process", "run_data_parallel_controller_process")
-
 
 def _role() -> str:
     """Which SGLang process is loading the plugin, from the function that called load_plugins.
 
-    "main" is the process that runs the tokenizer manager and HTTP server: the
-    launch_server / Engine process, or the child that ``sgl.Runtime`` spawns to run
-    launch_server (not named MainProcess, but it serves requests all the same).
+    The functions SGLang's child processes run, each calling load_plugins() itself, are the
+    manifest's ``role`` entries (checked offline by name, and that they still call it); the
+    innermost one on the stack gives the role. "main" is the process that runs the
+    tokenizer manager and HTTP server: the launch_server / Engine process, or the child
+    that ``sgl.Runtime`` spawns to run launch_server (not named MainProcess, but it serves
+    requests all the same).
     """
+    from vase_sglang.patches.manifest import role_functions
+
+    roles = role_functions()
     frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
-        name = frame.f_code.co_name
-        if name == SCHEDULER_ENTRY:
-            return "scheduler"
-        if name in OTHER_ENTRIES:
-            return "other"
+        role = roles.get(frame.f_code.co_name)
+        if role is not None:
+            return role
         frame = frame.f_back
     return "main"
 
 
 def register() -> None:
     from vase_sglang.patches import hooks
-    from vase_sglang.plugin.options import exported_config
+    from vase_sglang.plugin.handoff import exported_config
 
     role = _role()
     if role == "main":

@@ -25,7 +25,7 @@ TARGET_MODULE = "sglang.lang.backend.runtime_endpoint"
 def runtime_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Take the ``kv_*`` arguments out of ``kwargs``, export the policy, return the rest."""
     from ..patches.server_args import ENGINE_KWARGS, policy_overrides, resolve_options
-    from .options import export_config
+    from .handoff import export_config
 
     flags = {name: kwargs.pop(name, None) for name in ENGINE_KWARGS}
     cfg, seed, auto, telemetry = resolve_options(flags, kwargs.get("model_path"))
