@@ -43,14 +43,14 @@ class SamplingParams(Protocol):
     max_new_tokens: int
     custom_params: dict[str, Any] | None
     sampling_seed: int | None
-    # Request-body keys patches/guards.py checks beyond their declared types.
+    # Request-body keys patches/guards/bodies.py checks beyond their declared types.
     n: int
     top_k: int
     stop_regex: str | list[str] | None
 
 
 class SamplingParamsFilledBySGLang(Protocol):
-    """SamplingParams fields SGLang fills itself: patches/guards.py refuses them in a
+    """SamplingParams fields SGLang fills itself: patches/guards/bodies.py refuses them in a
     request body (its INTERNAL_SAMPLING_FIELDS are these names)."""
 
     stop_strs: Any
@@ -220,7 +220,7 @@ class GlobalState(Protocol):
 
 
 class ReqInput(Protocol):
-    """What patches/guards.py reads on both request bodies, GenerateReqInput and
+    """What patches/guards/bodies.py reads on both request bodies, GenerateReqInput and
     EmbeddingReqInput (``is_single`` and ``batch_size`` once normalised)."""
 
     __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]  # dataclasses.fields() reads each field
@@ -238,7 +238,7 @@ class ReqInput(Protocol):
 
 
 class GenerateReqInput(ReqInput, Protocol):
-    """What patches/guards.py reads only on GenerateReqInput (``/generate`` and the OpenAI routes)."""
+    """What patches/guards/bodies.py reads only on GenerateReqInput (``/generate`` and the OpenAI routes)."""
 
     session_params: dict[str, Any] | None
     bootstrap_room: Any

@@ -102,12 +102,17 @@ def import_patch_modules() -> None:
         importlib.import_module(f"{package.__name__}.{info.name}")
 
 
-def entries_for(process: str) -> list[manifest.Target]:
-    """The manifest entries this process applies or checks: its own, where their package is
-    installed. Role entries are not among them: ``plugin/__init__.py`` reads them to choose
-    the process, before anything is installed."""
+def entries_for(process: str, parts: tuple[str, ...] = manifest.PARTS) -> list[manifest.Target]:
+    """The manifest entries this process applies or checks for ``parts``: its own, where
+    their package is installed. Role entries are not among them: ``plugin/__init__.py``
+    reads them to choose the process, before anything is installed."""
     return [e for e in manifest.MANIFEST
-            if e.process == process and e.kind != manifest.ROLE and manifest.available(e)]
+            if e.process == process and e.part in parts and e.kind != manifest.ROLE and manifest.available(e)]
+
+
+# (process, part) pairs already installed here: the main process installs its flag parser
+# first and the other parts once the flags are read.
+_installed: set[tuple[str, str]] = set()
 
 
 def registered_targets() -> set[str]:
@@ -120,13 +125,17 @@ def registered_function(target: str) -> Callable[..., Any]:
     return _registered[target]
 
 
-def install(process: str) -> int:
-    """Apply every manifest entry of ``process`` ("main" or "scheduler"): check each target
-    against its entry, register and apply the hooks, verify that each took effect, then
-    run the installers of the SET targets. Exits the process on any failure. Returns the
-    number of hooks and installers applied."""
+def install(process: str, parts: tuple[str, ...] = manifest.PARTS) -> int:
+    """Apply every manifest entry of ``process`` ("main" or "scheduler") in ``parts`` not
+    installed yet: check each target against its entry, register and apply the hooks,
+    verify that each took effect, then run the installers of the SET targets. Exits the
+    process on any failure. Returns the number of hooks and installers applied."""
     import_patch_modules()
-    entries = entries_for(process)
+    parts = tuple(p for p in parts if (process, p) not in _installed)
+    if not parts:
+        return 0
+    _installed.update((process, p) for p in parts)
+    entries = entries_for(process, parts)
     missing = [e.target for e in entries if e.kind in manifest.APPLIED and e.target not in _registered]
     if missing:
         fail(f"no hook registered for manifest target(s) {', '.join(missing)}")
@@ -144,6 +153,6 @@ def install(process: str) -> int:
     installers = [e for e in entries if e.kind == manifest.SET]
     for e in installers:
         _registered[e.target]()
-    logger.info("vase-sglang: %d hooks and %d installers applied and verified (%s process)", len(hooks),
-                len(installers), process)
+    logger.info("vase-sglang: %d hooks and %d installers applied and verified (%s process, %s)", len(hooks),
+                len(installers), process, ", ".join(parts))
     return len(hooks) + len(installers)

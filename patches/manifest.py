@@ -54,6 +54,13 @@ APPLIED = (*HOOKED, SET)  # each owns one function in patches/: a hook or an ins
 # plugin leaves untouched (detokenizer, data-parallel controller), named only by role entries.
 PROCESSES = ("main", "scheduler", "other")
 
+# The parts of the plugin, installed separately (``vase_sglang.plugin.main_parts``): "flags"
+# (the --kv-* flag parser) at once in the main process; "guards" (the HTTP hardening,
+# patches/guards/) with --kv-guards on; "eviction" (everything else) unless --kv-policy none
+# and --kv-guards off, where the plugin steps aside and SGLang serves untouched.
+FLAGS, EVICTION, GUARDS = "flags", "eviction", "guards"
+PARTS = (FLAGS, EVICTION, GUARDS)
+
 
 @dataclass(frozen=True)
 class Target:
@@ -66,16 +73,17 @@ class Target:
     source_sha256: str | None = None
     needs: str | None = None  # applied only where this package is installed
     used_in: str | None = None  # for CALL, MIRROR and ROLE: the file (from the repository root) that uses it
+    part: str = "eviction"  # one of PARTS: which switch installs it
 
 
 MANIFEST: tuple[Target, ...] = (
     # ---- main process: flags, validation, HTTP -------------------------------------------
     Target("sglang.srt.arg_groups.arg_utils.add_cli_args_from_dataclass", AFTER, "main",
            "add the --kv-* flags to SGLang's parser (shown in --help, choices checked by argparse)",
-           ("parser", "cls", "fields")),
+           ("parser", "cls", "fields"), part=FLAGS),
     Target("sglang.srt.server_args.prepare_server_args", AROUND, "main",
            "build the PolicyConfig from the flags, export it to the children, turn off the overlap scheduler",
-           ("argv",)),
+           ("argv",), part=FLAGS),
     Target("sglang.srt.arg_groups.validation_hook.check_server_args", AFTER, "main",
            "reject server options the eviction path cannot run with, on the resolved values",
            ("server_args",)),
@@ -84,37 +92,37 @@ MANIFEST: tuple[Target, ...] = (
            ("self", "vocab_size")),
     Target("sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments", AROUND, "main",
            "type-check sampling_params and answer a malformed /generate body with HTTP 400, not 500",
-           ("self",)),
+           ("self",), part=GUARDS),
     Target("sglang.srt.managers.io_struct.EmbeddingReqInput.normalize_batch_and_arguments", AROUND, "main",
            "the same checks for /encode, /classify, /v1/embeddings and /v1/classify (a rid list that does not "
-           "match the prompts was an HTTP 500)", ("self",)),
+           "match the prompts was an HTTP 500)", ("self",), part=GUARDS),
     Target("sglang.srt.entrypoints.openai.serving_tokenize.OpenAIServingDetokenize._handle_non_streaming_request",
            BEFORE, "main", "token ids outside the vocabulary are the client's error (HTTP 400), not a failed decode "
-           "(500)", ("self", "adapted_request", "request", "raw_request")),
+           "(500)", ("self", "adapted_request", "request", "raw_request"), part=GUARDS),
     Target("sglang.srt.function_call.function_call_parser.FunctionCallParser.__init__", AROUND, "main",
            "an unknown tool_call_parser on /parse_function_call is an HTTP 400 (the handler lets the ValueError "
            "through as a 500)", ("self", "tools", "tool_call_parser", "tokenizer", "tool_choice", "prefix",
-                                 "constrained")),
+                                 "constrained"), part=GUARDS),
     Target("sglang.srt.parser.reasoning_parser.ReasoningParser.__init__", AROUND, "main",
            "an unknown reasoning_parser on /separate_reasoning is an HTTP 400, not a 500",
            ("self", "model_type", "stream_reasoning", "force_reasoning", "request", "tokenizer",
-            "tool_call_parser_active", "prefix")),
+            "tool_call_parser_active", "prefix"), part=GUARDS),
     Target("sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_chat", AROUND, "main",
            "a bad Ollama request is an HTTP 400 before the stream starts (it was a 500, or a stream cut short)",
-           ("self", "request", "raw_request")),
+           ("self", "request", "raw_request"), part=GUARDS),
     Target("sglang.srt.entrypoints.ollama.serving.OllamaServing.handle_generate", AROUND, "main",
-           "the same for /api/generate", ("self", "request", "raw_request")),
+           "the same for /api/generate", ("self", "request", "raw_request"), part=GUARDS),
     Target("fastapi.dependencies.utils.request_body_to_args", AROUND, "main",
            "an exception in SGLang's own pydantic validators of an OpenAI body (e.g. a list response_format) "
            "is the client's malformed input, and so is a /vertex_generate parameter that GenerateReqInput does "
            "not take: HTTP 400, not 500",
-           ("body_fields", "received_body", "embed_body_fields")),
+           ("body_fields", "received_body", "embed_body_fields"), part=GUARDS),
     Target("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", BEFORE, "main",
            "reject out-of-vocabulary token ids and empty prompts with HTTP 400 before they crash the scheduler",
-           ("self", "obj", "input_ids")),
+           ("self", "obj", "input_ids"), part=GUARDS),
     Target("sglang.srt.managers.tokenizer_manager.TokenizerManager.sigterm_watchdog", AROUND, "main",
            "bound the drain after SIGTERM: abort what still runs after VASE_SGLANG_DRAIN_TIMEOUT, then SGLang's "
-           "own clean shutdown", ("self",)),
+           "own clean shutdown", ("self",), part=GUARDS),
     Target("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", AROUND, "main",
            "our meta_info values are scalars, not per-token lists; a request's last kv_* fields are kept for its "
            "OpenAI stream's final chunk", ("self", "meta_info", "state", "customized_info", "index", "finish_reason")),
@@ -136,16 +144,16 @@ MANIFEST: tuple[Target, ...] = (
            ("self", "adapted_request", "request", "raw_request")),
     Target("sglang.srt.entrypoints.engine.Engine.server_args_class", SET, "main",
            "sglang.Engine(kv_policy=...): a factory that takes the kv_* keyword arguments",
-           expect="class"),
+           expect="class", part=FLAGS),
     Target("sglang.srt.arg_groups.model_override_base.resolving_view", CALL, "main",
            "the resolved view of the server args that check_server_args' hook checks", ("server_args",),
            used_in="patches/server_args.py"),
     Target("sglang.srt.managers.io_struct.SessionParams", CALL, "main",
            "a /generate body's session_params must build one (an unknown key was an HTTP 500)", expect="class",
-           used_in="patches/guards.py"),
+           used_in="patches/guards/bodies.py", part=GUARDS),
     Target("sglang.srt.managers.embed_types.PositionalEmbeds", CALL, "main",
            "the only value positional_embed_overrides may hold (Python callers only; null over HTTP)",
-           expect="class", used_in="patches/guards.py"),
+           expect="class", used_in="patches/guards/bodies.py", part=GUARDS),
     Target("sglang.srt.entrypoints.http_server.get_global_state", CALL, "main",
            "GET /kv_policy reaches the tokenizer manager through it (live totals of every scheduler)", (),
            used_in="patches/io.py"),
@@ -388,6 +396,7 @@ def _cell(text: str) -> str:
 
 def _kind_label(entry: Target) -> str:
     label = entry.kind + (", source pinned" if entry.source_sha256 else "")
+    label += f", part {entry.part}" if entry.part != EVICTION else ""
     return label + (f" (needs {entry.needs})" if entry.needs else "")
 
 
@@ -401,7 +410,8 @@ def markdown() -> str:
         entries = [e for e in MANIFEST if e.process == process and e.kind != ROLE]
         lines += [f"## {title}", "",
                   "Targets are under `sglang.srt.` unless written in full; each bold row names the file that hooks "
-                  "or uses the targets below it.", "", "| target | kind | why |", "|---|---|---|"]
+                  "or uses the targets below it. An entry's part (see *Parts* above) is named when it is not "
+                  "`eviction`.", "", "| target | kind | why |", "|---|---|---|"]
         files = {e.target: file_of(e) for e in entries}
         for path in dict.fromkeys(files.values()):  # in the order of their first entry
             lines.append(f"| **[`{path}`](../{path})** | | |")

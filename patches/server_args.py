@@ -20,11 +20,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vase_sglang.config import PolicyConfig, PolicyConfigError
-from vase_sglang.plugin.auto import AutoTable
-from vase_sglang.plugin.flags import add_cli_flags, server_options, telemetry_options
-from vase_sglang.plugin.handoff import export_config, exported_config
+from vase_sglang.plugin import install_main
+from vase_sglang.plugin.flags import add_cli_flags, guards_enabled, server_options, telemetry_options
+from vase_sglang.plugin.handoff import Exported, export_config, exported_config
 from vase_sglang.plugin.options import AUTO
-from vase_sglang.plugin.telemetry import TelemetryOptions
 
 from . import contract as sg
 from .backends import SUPPORTED_BACKENDS
@@ -37,7 +36,7 @@ SUPPORTED_KV_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32")
 DEFAULT_MAX_RUNNING_REQUESTS = 128
 POST_CAPTURE_KV_SIZING = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"
 ENGINE_KWARGS = ("kv_policy", "kv_budget", "kv_recent", "kv_seed", "kv_policy_config", "kv_calibration",
-                 "kv_telemetry", "kv_stop_on_loop")
+                 "kv_telemetry", "kv_stop_on_loop", "kv_guards")
 
 
 @hook("sglang.srt.arg_groups.arg_utils.add_cli_args_from_dataclass", AFTER)
@@ -126,10 +125,9 @@ def _adjust_for_policy(server_args: Any, cfg: PolicyConfig) -> None:
         setattr(server_args, name, value)
 
 
-def options_or_exit(flags: Mapping[str, Any], model_path: str | None) -> tuple[PolicyConfig, int | None,
-                                                                             AutoTable | None, TelemetryOptions]:
-    """The server's policy, --kv-seed, auto table and telemetry settings from the ``kv_*``
-    flag values (keyed as ``ENGINE_KWARGS``); a bad one stops the process."""
+def options_or_exit(flags: Mapping[str, Any], model_path: str | None) -> Exported:
+    """The server's policy, --kv-seed, auto table, telemetry settings and --kv-guards from
+    the ``kv_*`` flag values (keyed as ``ENGINE_KWARGS``); a bad one stops the process."""
     try:
         return resolve_options(flags, model_path)
     except PolicyConfigError as exc:
@@ -137,23 +135,24 @@ def options_or_exit(flags: Mapping[str, Any], model_path: str | None) -> tuple[P
         raise  # unreachable
 
 
-def resolve_options(flags: Mapping[str, Any], model_path: str | None) -> tuple[PolicyConfig, int | None,
-                                                                             AutoTable | None, TelemetryOptions]:
+def resolve_options(flags: Mapping[str, Any], model_path: str | None) -> Exported:
     """``options_or_exit`` raising ``PolicyConfigError`` (``sgl.Runtime`` turns it into a ValueError)."""
     calibration = flags.get("kv_calibration")
     cfg, seed, auto = server_options(flags.get("kv_policy"), flags.get("kv_budget"), flags.get("kv_recent"),
                                      flags.get("kv_seed"), flags.get("kv_policy_config"), calibration, model_path)
     telemetry = telemetry_options(cfg, flags.get("kv_telemetry"), flags.get("kv_stop_on_loop"), calibration,
                                   auto=flags.get("kv_policy") == AUTO)
-    return cfg, seed, auto, telemetry
+    return Exported(cfg, seed, auto, telemetry, guards_enabled(flags.get("kv_guards")))
 
 
 @hook("sglang.srt.server_args.prepare_server_args", AROUND)
 def _prepare_server_args(original, argv: list[str], *args: Any, **kwargs: Any) -> Any:
     ns = _parse_flags(list(argv))
     server_args = original(argv, *args, **kwargs)
-    cfg, seed, auto, telemetry = options_or_exit(vars(ns), getattr(server_args, "model_path", None))
-    export_config(cfg, seed, auto, telemetry)
+    settings = options_or_exit(vars(ns), getattr(server_args, "model_path", None))
+    export_config(*settings)
+    install_main(settings)  # the parts the flags switch on (the flag parser is in already)
+    cfg, seed, auto, telemetry = settings.config, settings.seed, settings.auto, settings.telemetry
     _adjust_for_policy(server_args, cfg)
     if cfg.evicts:
         logger.info("vase-sglang: KV policy %s, --kv-seed %s", cfg.to_dict(), "per request" if seed is None else seed)
@@ -186,10 +185,11 @@ def engine_server_args(server_args_class: type):
 
     def factory(**kwargs: Any) -> Any:
         flags = {name: kwargs.pop(name, None) for name in ENGINE_KWARGS}
-        cfg, seed, auto, telemetry = options_or_exit(flags, kwargs.get("model_path"))
+        settings = options_or_exit(flags, kwargs.get("model_path"))
         server_args = server_args_class(**kwargs)
-        export_config(cfg, seed, auto, telemetry)
-        _adjust_for_policy(server_args, cfg)
+        export_config(*settings)
+        install_main(settings)
+        _adjust_for_policy(server_args, settings.config)
         return server_args
 
     factory.__wrapped__ = server_args_class  # type: ignore[attr-defined]  # verified like the registry's hooks

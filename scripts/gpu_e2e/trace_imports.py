@@ -44,8 +44,9 @@ MODULES = (
     "vase_sglang.patches.decode",
     "vase_sglang.patches.memory",
     "vase_sglang.patches.io",
-    "vase_sglang.patches.lifecycle",
-    "vase_sglang.patches.guards",
+    "vase_sglang.patches.guards.lifecycle",
+    "vase_sglang.patches.guards.bodies",
+    "vase_sglang.patches.guards.routes",
     "vase_sglang.patches.server_args",
 )
 

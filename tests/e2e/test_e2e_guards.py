@@ -28,7 +28,7 @@ from support import fuzz_fields
 from support.constants import PROMPT
 from support.e2e import record, tokens, wait_idle
 
-from vase_sglang.patches.guards import check_logprob_start, check_prompt_ids, check_top_logprobs
+from vase_sglang.patches.guards.bodies import check_logprob_start, check_prompt_ids, check_top_logprobs
 
 pytestmark = pytest.mark.e2e
 

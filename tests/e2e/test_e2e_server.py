@@ -22,7 +22,7 @@ def test_help_lists_kv_flags() -> None:
     out = launch("--help")
     assert out.returncode == 0, out.stderr[-2000:]
     for flag in ("--kv-policy", "--kv-budget", "--kv-recent", "--kv-seed", "--kv-policy-config", "--kv-calibration",
-                 "--kv-telemetry", "--kv-stop-on-loop"):
+                 "--kv-telemetry", "--kv-stop-on-loop", "--kv-guards"):
         assert flag in out.stdout
 
 
@@ -37,6 +37,7 @@ def test_help_lists_kv_flags() -> None:
         (("--kv-policy", "vase", "--enable-mixed-chunk", "--attention-backend", "torch_native"),
          "--kv-policy vase cannot run with: --enable-mixed-chunk"),
         (("--kv-policy", "vase", "--kv-telemetry", "maybe"), "argument --kv-telemetry: invalid choice: 'maybe'"),
+        (("--kv-policy", "none", "--kv-guards", "no"), "argument --kv-guards: invalid choice: 'no'"),
     ],
 )
 def test_bad_flags_exit_nonzero_with_a_clear_message(args: tuple, message: str, tiny_model) -> None:

@@ -21,7 +21,7 @@ from support.constants import VASE_ARGS
 from support.e2e import record
 from support.server import Server
 
-from vase_sglang.patches.lifecycle import DRAIN_ENV, drain_timeout
+from vase_sglang.patches.guards.lifecycle import DRAIN_ENV, drain_timeout
 
 pytestmark = pytest.mark.e2e
 

@@ -33,7 +33,7 @@ class FakeParams:
     custom_params: dict[str, Any] | None = None
     sampling_seed: int | None = None
     max_new_tokens: int = 1000
-    # Read by patches/guards.py, not by the adapter; here so the fake is a whole SamplingParams.
+    # Read by patches/guards/bodies.py, not by the adapter; here so the fake is a whole SamplingParams.
     n: int = 1
     top_k: int = -1
     stop_regex: str | list[str] | None = None

@@ -116,7 +116,7 @@ def sampling_fields() -> dict[str, Any]:
     import msgspec
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    from vase_sglang.patches.guards import INTERNAL_SAMPLING_FIELDS
+    from vase_sglang.patches.guards.bodies import INTERNAL_SAMPLING_FIELDS
 
     return {f.name: f.type for f in msgspec.structs.fields(SamplingParams) if f.name not in INTERNAL_SAMPLING_FIELDS}
 

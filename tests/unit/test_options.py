@@ -23,8 +23,9 @@ def test_flags_parse_and_show_in_help(capsys: pytest.CaptureFixture[str]) -> Non
         parser.parse_args(["--help"])
     out = capsys.readouterr().out
     for flag in ("--kv-policy", "--kv-budget", "--kv-recent", "--kv-seed", "--kv-policy-config", "--kv-telemetry",
-                 "--kv-stop-on-loop", "--kv-calibration"):
+                 "--kv-stop-on-loop", "--kv-calibration", "--kv-guards"):
         assert flag in out
+    assert parser.parse_args([]).kv_guards == "on"
     with pytest.raises(SystemExit):
         parser.parse_args(["--kv-policy", "bogus"])
     assert "invalid choice: 'bogus'" in capsys.readouterr().err
@@ -115,3 +116,11 @@ def test_request_policy_needing_queries_on_a_server_without_them(monkeypatch: py
         validate_request(server, {"kv_policy": "vase"})
     with pytest.raises(PolicyConfigError, match="--kv-policy none"):
         validate_request(PolicyConfig(policy="none"), {"kv_policy": "vase"})
+
+
+def test_guards_switch() -> None:
+    from vase_sglang.plugin.flags import guards_enabled
+
+    assert guards_enabled(None) and guards_enabled("on") and not guards_enabled("off")
+    with pytest.raises(PolicyConfigError, match="invalid --kv-guards 'no': must be one of on, off"):
+        guards_enabled("no")  # sglang.Engine(kv_guards="no") reaches this; the CLI's argparse refuses it first

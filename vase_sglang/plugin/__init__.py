@@ -3,17 +3,30 @@
 
 SGLang calls ``register()`` in every process it starts. Each process applies the
 manifest entries of its role (``patches/manifest.py``'s ``process``), because resolving
-a target imports its module: the main process gets the argument, HTTP and tokenizer
-hooks; a scheduler gets the decode, memory and tree hooks, and only when the exported
-policy evicts (with ``--kv-policy none`` SGLang runs untouched). ``hooks.install`` checks
-every target against its entry before it is patched and verifies every hook after;
-either failing stops the process.
+a target imports its module, and of the parts its settings switch on (``part``):
+
+* the main process installs the ``--kv-*`` flag parser at once, and the rest once the
+  flags are read (``main_parts``): the HTTP hardening (``patches/guards/``) with
+  ``--kv-guards on``, the argument, request and reporting hooks unless ``--kv-policy
+  none --kv-guards off``, where SGLang serves untouched;
+* a scheduler gets the decode, memory and tree hooks, only when the exported policy
+  evicts.
+
+``hooks.install`` checks every target against its entry before it is patched and
+verifies every hook after; either failing stops the process.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import types
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .handoff import Exported
+
+logger = logging.getLogger("vase_sglang.plugin")
 
 
 def _role() -> str:
@@ -38,18 +51,47 @@ def _role() -> str:
     return "main"
 
 
+def main_parts(settings: Exported) -> tuple[str, ...]:
+    """The parts the main process installs once the flags are read: the flag parser; the
+    HTTP hardening with ``--kv-guards on``; the rest unless ``--kv-policy none
+    --kv-guards off``."""
+    from vase_sglang.patches.manifest import EVICTION, FLAGS, GUARDS
+
+    guards = (GUARDS,) if settings.guards else ()
+    eviction = (EVICTION,) if settings.config.evicts or settings.guards else ()
+    return (FLAGS, *guards, *eviction)
+
+
+def install_main(settings: Exported) -> tuple[str, ...]:
+    """Install the main process's parts for ``settings``; returns them."""
+    from vase_sglang.patches import hooks
+    from vase_sglang.patches.manifest import FLAGS
+
+    parts = main_parts(settings)
+    hooks.install("main", parts)
+    if parts == (FLAGS,):
+        logger.info("vase-sglang: --kv-policy none --kv-guards off: SGLang serves untouched "
+                    "(the plugin installed only its --kv-* flag parser)")
+    else:
+        logger.info("vase-sglang: main process hooks: %s", ", ".join(parts))
+    return parts
+
+
 def register() -> None:
     from vase_sglang.patches import hooks
-    from vase_sglang.plugin.handoff import exported_config
+    from vase_sglang.patches.manifest import EVICTION, FLAGS
+    from vase_sglang.plugin.handoff import exported
 
     role = _role()
     if role == "main":
-        hooks.install("main")
         if "sglang.srt.entrypoints.http_server" in sys.modules:
-            # Already inside launch_server (sgl.Runtime's server process), past the hook
-            # that adds the route: add it now.
-            from vase_sglang.patches.io import add_kv_policy_route
+            # sgl.Runtime's server process: its parent read the flags, and this process is
+            # already past the hook that adds the route, so add it now.
+            if EVICTION in install_main(exported()):
+                from vase_sglang.patches.io import add_kv_policy_route
 
-            add_kv_policy_route()
-    elif role == "scheduler" and exported_config().evicts:
+                add_kv_policy_route()
+        else:
+            hooks.install("main", (FLAGS,))  # the rest once the flags are read: patches/server_args.py
+    elif role == "scheduler" and exported().config.evicts:
         hooks.install("scheduler")

@@ -28,10 +28,10 @@ def runtime_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     from .handoff import export_config
 
     flags = {name: kwargs.pop(name, None) for name in ENGINE_KWARGS}
-    cfg, seed, auto, telemetry = resolve_options(flags, kwargs.get("model_path"))
-    export_config(cfg, seed, auto, telemetry)  # the spawned server and its schedulers inherit the environment
+    settings = resolve_options(flags, kwargs.get("model_path"))
+    export_config(*settings)  # the spawned server and its schedulers inherit the environment
     # What the flags path does to ServerArgs, given here before Runtime builds them.
-    return kwargs | policy_overrides(kwargs, cfg)
+    return kwargs | policy_overrides(kwargs, settings.config)
 
 
 def patch_runtime(runtime_cls: type) -> None:

@@ -27,7 +27,7 @@ class Exported(NamedTuple):
     seed: int | None  # --kv-seed (None: each request draws its own)
     auto: AutoTable | None  # --kv-policy auto's table
     telemetry: TelemetryOptions
-    guards: bool  # --kv-guards: the HTTP hardening (patches/guards.py, routes.py, lifecycle.py)
+    guards: bool  # --kv-guards: the HTTP hardening (patches/guards/)
 
 
 def export_config(cfg: PolicyConfig, seed: int | None = None, auto: AutoTable | None = None,

@@ -1,5 +1,5 @@
 """Input guards for SGLang's other client routes (main process), for every server the
-plugin loads into. ``guards.py`` checks the request bodies that reach the scheduler; the
+plugin loads into with ``--kv-guards on``. ``bodies.py`` checks the request bodies that reach the scheduler; the
 hooks here cover handlers that let a client's mistake through as an HTTP 500 (found by
 ``tests/support/fuzz_fields.py``'s fuzz of every client route):
 
@@ -24,8 +24,8 @@ from typing import Any
 
 from fastapi import HTTPException
 
-from .guards import check_prompt_ids
-from .hooks import AROUND, BEFORE, hook
+from ..hooks import AROUND, BEFORE, hook
+from .bodies import check_prompt_ids
 
 
 class BadRequest(HTTPException, ValueError):

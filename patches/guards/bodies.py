@@ -1,4 +1,4 @@
-"""Input guards (main process), for every server the plugin loads into, evicting or not.
+"""Input guards (main process), for every server the plugin loads into with ``--kv-guards on``, evicting or not.
 
 * ``GenerateReqInput.normalize_batch_and_arguments`` and the same on ``EmbeddingReqInput``
   (``/encode``, ``/classify``, ``/v1/embeddings``, ``/v1/classify``) AROUND: the native
@@ -41,8 +41,8 @@ import functools
 import typing
 from typing import Any, Literal, Optional, Union, cast
 
-from . import contract as sg
-from .hooks import AROUND, BEFORE, hook
+from .. import contract as sg
+from ..hooks import AROUND, BEFORE, hook
 
 # Parallel samples per prompt: SGLang expands a request into n copies before anything else
 # looks at it, so n = 2**31 exhausted the machine's memory (the kernel killed the server).

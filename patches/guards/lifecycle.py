@@ -1,4 +1,4 @@
-"""Shutdown (main process), for every server the plugin loads into.
+"""Shutdown (main process), for every server the plugin loads into with ``--kv-guards on``.
 
 * ``TokenizerManager.sigterm_watchdog`` AROUND: on SIGTERM, SGLang stops taking requests
   and waits for the running ones to finish, however long that takes (a long reasoning
@@ -16,10 +16,10 @@ import logging
 import os
 from typing import Any
 
-from . import contract as sg
-from .hooks import AROUND, hook
+from .. import contract as sg
+from ..hooks import AROUND, hook
 
-logger = logging.getLogger("vase_sglang.patches.lifecycle")
+logger = logging.getLogger("vase_sglang.patches.guards.lifecycle")
 
 DRAIN_ENV = "VASE_SGLANG_DRAIN_TIMEOUT"
 DEFAULT_DRAIN_SECONDS = 20.0

@@ -1,0 +1,78 @@
+"""Which parts of the plugin a process installs (``plugin.main_parts``), and that
+``--kv-policy none --kv-guards off`` patches nothing in SGLang but the flag parser.
+
+The install runs in a subprocess: it patches SGLang for good, and the test process must
+stay stock."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from vase_sglang.config import PolicyConfig
+from vase_sglang.patches import manifest
+from vase_sglang.plugin import main_parts
+from vase_sglang.plugin.handoff import Exported
+from vase_sglang.plugin.telemetry import TelemetryOptions
+
+NONE, VASE = PolicyConfig(policy="none"), PolicyConfig(policy="vase")
+
+
+def _settings(cfg: PolicyConfig, guards: bool) -> Exported:
+    return Exported(cfg, None, None, TelemetryOptions(), guards)
+
+
+@pytest.mark.parametrize(("cfg", "guards", "parts"), [
+    (NONE, False, ("flags",)),
+    (NONE, True, ("flags", "guards", "eviction")),
+    (VASE, False, ("flags", "eviction")),
+    (VASE, True, ("flags", "guards", "eviction")),
+])
+def test_main_parts(cfg: PolicyConfig, guards: bool, parts: tuple[str, ...]) -> None:
+    assert main_parts(_settings(cfg, guards)) == parts
+
+
+def test_every_guard_entry_is_a_main_process_entry_of_patches_guards() -> None:
+    guards = [e for e in manifest.MANIFEST if e.part == manifest.GUARDS]
+    assert len(guards) == 12 and all(e.process == "main" for e in guards)
+    from vase_sglang.patches import hooks
+
+    hooks.import_patch_modules()
+    for e in guards:
+        if e.kind in manifest.APPLIED:
+            assert hooks.registered_function(e.target).__module__.startswith("vase_sglang.patches.guards."), e.target
+
+
+PATCHED = """
+import json, sys
+from vase_sglang.config import PolicyConfig
+from vase_sglang.patches import hooks
+from vase_sglang.plugin import install_main
+from vase_sglang.plugin.handoff import Exported
+from vase_sglang.plugin.telemetry import TelemetryOptions
+from sglang.srt.plugins.hook_registry import HookRegistry
+
+policy, guards = sys.argv[1], sys.argv[2] == "on"
+hooks.install("main", ("flags",))  # register(): the flag parser at once
+install_main(Exported(PolicyConfig(policy=policy), None, None, TelemetryOptions(), guards))  # once the flags are read
+print(json.dumps(sorted(HookRegistry._patched)))
+"""
+
+
+def _patched(policy: str, guards: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", PATCHED, policy, guards], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_none_with_guards_off_patches_only_the_flag_parser() -> None:
+    flags = {e.target for e in manifest.MANIFEST if e.part == manifest.FLAGS and e.kind in manifest.HOOKED}
+    assert _patched("none", "off") == flags
+    every_main_hook = {e.target for e in manifest.MANIFEST
+                       if e.process == "main" and e.kind in manifest.HOOKED and manifest.available(e)}
+    assert _patched("none", "on") == every_main_hook
+    guards = {e.target for e in manifest.MANIFEST if e.part == manifest.GUARDS}
+    assert _patched("vase", "off") == every_main_hook - guards
