@@ -4,11 +4,8 @@
 * ``ForwardBatch.init_new`` AFTER: logical decode positions.
 * ``<backend>.forward_decode`` AROUND: record each layer's post-RoPE query.
 * ``<backend>.forward_extend`` AROUND: record the last R post-RoPE queries of a prefill.
-* ``UnifiedRadixCache.checkpoint`` / ``RadixCache.checkpoint`` BEFORE: the tree cap.
-* ``PrefillAdder._get_running_request_total_token_offset`` AROUND,
-  ``Scheduler.init_req_max_new_tokens`` AROUND,
-  ``BaseTokenToKVPoolAllocator.max_new_tokens_for_memory`` AROUND and
-  ``schedule_policy.CLIP_MAX_NEW_TOKENS``: admission by region size.
+
+The radix-tree cap is in ``tree.py``, admission by region size in ``admission.py``.
 
 Why each exists: ``patches/manifest.py``. What each does: ``vase_sglang/plugin/scheduler.py``.
 """
@@ -20,11 +17,10 @@ from typing import Any
 import torch
 
 from vase_sglang.plugin import scheduler
-from vase_sglang.plugin.handoff import exported_config
 
 from . import contract as sg
 from .backends import BACKEND_CLASSES
-from .hooks import AFTER, AROUND, BEFORE, fail, hook, installs
+from .hooks import AFTER, AROUND, fail, hook, installs
 
 
 def vase_alloc_for_decode(batch: sg.ScheduleBatch, token_per_req: int) -> torch.Tensor:
@@ -82,62 +78,3 @@ def _capture_extend_queries(original, backend: Any, q: torch.Tensor, k: Any, v: 
 for _cls in BACKEND_CLASSES.values():
     hook(f"{_cls}.forward_decode", AROUND)(_capture_queries)
     hook(f"{_cls}.forward_extend", AROUND)(_capture_extend_queries)
-
-
-def _cap_checkpoint(tree: Any, req: sg.Req, *args: Any, up_to: int, **kwargs: Any):
-    sched = scheduler.current()
-    limit = sched.checkpoint_limit(req, up_to) if sched is not None else None
-    return None if limit is None else ((tree, req, *args), {**kwargs, "up_to": limit})
-
-
-hook("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint", BEFORE)(_cap_checkpoint)
-hook("sglang.srt.mem_cache.radix_cache.RadixCache.checkpoint", BEFORE)(_cap_checkpoint)
-
-
-@hook("sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset", AROUND)
-def _running_offset(original, adder: Any, req: sg.Req, *args: Any, **kwargs: Any) -> float:
-    sched = scheduler.current()
-    bound = sched.growth_bound(req) if sched is not None else None
-    return original(adder, req, *args, **kwargs) if bound is None else bound
-
-
-@hook("sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens", AROUND)
-def _init_req_max_new_tokens(original, sglang_scheduler: sg.Scheduler, req: sg.Req, *args: Any, **kwargs: Any) -> Any:
-    sched = scheduler.current()
-    if sched is None:
-        return original(sglang_scheduler, req, *args, **kwargs)
-    with sched.admitting(req) as region:
-        if region is None:
-            return original(sglang_scheduler, req, *args, **kwargs)
-        # SGLang bounds prompt + output by min(context, pool); an evicting request's output
-        # does not live in the pool, so only the context length (RoPE positions) bounds it.
-        saved = sglang_scheduler.max_req_len
-        sglang_scheduler.max_req_len = max(saved, sglang_scheduler.model_config.context_len - 1)
-        try:
-            return original(sglang_scheduler, req, *args, **kwargs)
-        finally:
-            sglang_scheduler.max_req_len = saved
-
-
-@hook("sglang.srt.mem_cache.allocator.base.BaseTokenToKVPoolAllocator.max_new_tokens_for_memory", AROUND)
-def _memory_bound(original, allocator: Any, input_tokens: int, max_new_tokens: int, *args: Any, **kwargs: Any):
-    """An evicting request needs prompt + B + R slots, not prompt + max_new_tokens:
-    don't cut a long generation to the pool size when its region fits."""
-    sched = scheduler.current()
-    region = sched.admitting_region if sched is not None else None
-    if region is None:
-        return original(allocator, input_tokens, max_new_tokens, *args, **kwargs)
-    needed = min(max_new_tokens, region)
-    fits = original(allocator, input_tokens, needed, *args, **kwargs)
-    return max_new_tokens if fits == needed else fits
-
-
-@installs("sglang.srt.managers.schedule_policy.CLIP_MAX_NEW_TOKENS")
-def _install_admission_clip() -> None:
-    """New requests reserve prompt + min(max_new_tokens, B + R)."""
-    from sglang.srt.managers import schedule_policy
-
-    clip = exported_config().region_size
-    schedule_policy.CLIP_MAX_NEW_TOKENS = clip
-    if schedule_policy.CLIP_MAX_NEW_TOKENS != clip:
-        fail("sglang.srt.managers.schedule_policy.CLIP_MAX_NEW_TOKENS could not be set")

@@ -42,6 +42,8 @@ MODULES = (
     "vase_sglang.plugin.scheduler",
     "vase_sglang.kernels.ops",
     "vase_sglang.patches.decode",
+    "vase_sglang.patches.tree",
+    "vase_sglang.patches.admission",
     "vase_sglang.patches.memory",
     "vase_sglang.patches.io",
     "vase_sglang.patches.guards.lifecycle",

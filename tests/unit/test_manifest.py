@@ -134,11 +134,13 @@ def test_install_checks_call_and_mirror_entries_and_hooks_nothing_for_them(monke
     unhooked = [manifest.BY_TARGET["sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"],
                 manifest.BY_TARGET["sglang.srt.mem_cache.allocation.alloc_for_decode_default"]]
     monkeypatch.setattr(hooks, "_registry", Registry())
+    monkeypatch.setattr(hooks, "_installed", set())  # as in a fresh process
     monkeypatch.setattr(hooks, "entries_for", lambda process, parts: unhooked)
     assert hooks.install("scheduler") == 0
     stale = dataclasses.replace(unhooked[0], source_sha256="0" * 64)
     monkeypatch.setitem(manifest.BY_TARGET, stale.target, stale)
     monkeypatch.setattr(hooks, "entries_for", lambda process, parts: [stale])
+    monkeypatch.setattr(hooks, "_installed", set())
     with pytest.raises(SystemExit, match=r"ScheduleBatch\.prepare_for_decode: upstream source changed"):
         hooks.install("scheduler")
 
