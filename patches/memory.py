@@ -4,9 +4,10 @@
   buffer out of one allocation, so the kernels see ``[layers, slots, heads, dim]`` as a
   strided view and one launch covers all layers. Per-layer shapes and strides are
   exactly those SGLang makes.
-* ``KVCacheConfigurator._profile_available_bytes`` AROUND: subtract the query ring and
-  the temporaries of one batched round from the bytes the KV pool may use, before the
-  pool is sized.
+* ``KVCacheConfigurator._profile_available_bytes`` AROUND: subtract the policy memory
+  (``plugin/planning.py``'s ``policy_memory``: the query ring, the score state of the
+  stateful policies and the temporaries of one batched round) from the bytes the KV pool
+  may use, before the pool is sized.
 * ``ModelRunner._init_post_memory_pool_components`` AFTER: build the VaseScheduler
   over the pools, check the model, compile the kernels (warm-up) and print the policy
   memory. This runs before SGLang captures its CUDA graphs, so the captured decode
