@@ -4,7 +4,7 @@
 
 The carry is one folder of wheels, installed there with ``pip install --no-index --no-deps --target``:
 
-* ``sglang-0.5.23-py3-none-any.whl``: the PyPI wheel trimmed of its cp311-only Rust extensions
+* ``sglang-<manifest.SGLANG_VERSION>-py3-none-any.whl``: the PyPI wheel trimmed of its cp311-only Rust extensions
   (the python radix-tree core is used instead), ``multimodal_gen`` and ``test``;
 * the cp312 manylinux wheels named in ``carry.txt``;
 * ``vase_gpu_e2e_stubs``: the ``sgl_kernel``, ``IPython`` and ``soundfile`` stand-ins of ``stubs/``

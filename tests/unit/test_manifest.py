@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_every_target_matches_the_pinned_sglang() -> None:
     import sglang
 
-    assert sglang.__version__ == manifest.SGLANG_VERSION
-    assert manifest.check_all() == []
+    # One assert, so that on another release the moved targets are listed with the version.
+    assert (sglang.__version__, manifest.check_all()) == (manifest.SGLANG_VERSION, [])
 
 
 def test_every_manifest_entry_has_its_hook_and_nothing_else_is_hooked() -> None:
