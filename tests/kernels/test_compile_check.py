@@ -62,7 +62,7 @@ def test_rounds_after_reprefills_of_any_length_compile_nothing_new() -> None:
                 for n in extra:
                     slots = slots_row[: cfg.region_size + n].unsqueeze(0).long()
                     newest = torch.tensor([(slots.shape[1] - 1) % server.recent], device=DEVICE)
-                    sched._select_and_compact(sched.policy(cfg), slots, rows, [0], [0], sched.measures, newest)
+                    sched.select_and_compact(sched.policy(cfg), slots, rows, [0], [0], sched.measures, newest)
     assert later, "the rounds launched no kernel: nothing was checked"
     new = {key: v for key, v in later.items() if key not in warmed}
     assert not new, f"rounds after a re-prefill compile new variants: {_labels(new)}"
