@@ -20,6 +20,7 @@ Downloads are cached in ``$VASE_SGLANG_CACHE/gpu-e2e/downloads`` (default ``~/.c
 from __future__ import annotations
 
 import argparse
+import ast
 import base64
 import csv
 import hashlib
@@ -35,11 +36,22 @@ import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from vase_sglang.patches.manifest import SGLANG_VERSION
-
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-SGLANG = f"sglang=={SGLANG_VERSION}"  # the one pin: patches/manifest.py
+
+
+def _pinned_sglang_version() -> str:
+    """``SGLANG_VERSION`` of patches/manifest.py, the one pin, read from the file: pack runs
+    under any python3 (``$PYTHON``), where the package need not be installed."""
+    tree = ast.parse((REPO / "patches" / "manifest.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SGLANG_VERSION" for t in node.targets):
+            return str(ast.literal_eval(node.value))
+    raise SystemExit("patches/manifest.py defines no SGLANG_VERSION")
+
+
+SGLANG_VERSION = _pinned_sglang_version()
+SGLANG = f"sglang=={SGLANG_VERSION}"
 STUBS_NAME, STUBS_VERSION = "vase_gpu_e2e_stubs", "0.1.0"
 LIMIT_MIB = 40
 # manylinux tags pip must match exactly; the H200 image runs glibc >= 2.35.
