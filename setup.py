@@ -4,7 +4,7 @@ Both run at interpreter start-up in every process, before any SGLang plugin can 
 
 * ``vase_sglang_cpu_mode.pth``: the sgl_kernel stand-in (SGLang's scheduler and
   detokenizer children import sgl_kernel first); nothing unless ``SGLANG_USE_CPU_ENGINE=1``.
-* ``vase_sglang_frontend.pth``: ``sgl.Runtime(kv_policy=...)`` (see vase_sglang/plugin/frontend.py);
+* ``vase_sglang_frontend.pth``: ``sgl.Runtime(kv_policy=...)`` (see patches/frontend.py);
   it only adds a one-shot import hook and imports nothing heavy.
 """
 

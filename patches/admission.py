@@ -16,23 +16,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from vase_sglang.plugin import scheduler
-from vase_sglang.plugin.handoff import exported_config
+from vase_sglang.plugin import contract as sg
+from vase_sglang.plugin.settings import imported_settings
 
-from . import contract as sg
+from . import runtime
 from .hooks import AROUND, fail, hook, installs
 
 
 @hook("sglang.srt.managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset", AROUND)
 def _running_offset(original, adder: Any, req: sg.Req, *args: Any, **kwargs: Any) -> float:
-    sched = scheduler.current()
+    sched = runtime.adapter()
     bound = sched.growth_bound(req) if sched is not None else None
     return original(adder, req, *args, **kwargs) if bound is None else bound
 
 
 @hook("sglang.srt.managers.scheduler.Scheduler.init_req_max_new_tokens", AROUND)
 def _init_req_max_new_tokens(original, sglang_scheduler: sg.Scheduler, req: sg.Req, *args: Any, **kwargs: Any) -> Any:
-    sched = scheduler.current()
+    sched = runtime.adapter()
     if sched is None:
         return original(sglang_scheduler, req, *args, **kwargs)
     with sched.admitting(req) as region:
@@ -52,7 +52,7 @@ def _init_req_max_new_tokens(original, sglang_scheduler: sg.Scheduler, req: sg.R
 def _memory_bound(original, allocator: Any, input_tokens: int, max_new_tokens: int, *args: Any, **kwargs: Any):
     """An evicting request needs prompt + B + R slots, not prompt + max_new_tokens:
     don't cut a long generation to the pool size when its region fits."""
-    sched = scheduler.current()
+    sched = runtime.adapter()
     region = sched.admitting_region if sched is not None else None
     if region is None:
         return original(allocator, input_tokens, max_new_tokens, *args, **kwargs)
@@ -66,7 +66,7 @@ def _install_admission_clip() -> None:
     """New requests reserve prompt + min(max_new_tokens, B + R)."""
     from sglang.srt.managers import schedule_policy
 
-    clip = exported_config().region_size
+    clip = imported_settings().config.region_size
     schedule_policy.CLIP_MAX_NEW_TOKENS = clip
     if schedule_policy.CLIP_MAX_NEW_TOKENS != clip:
         fail("sglang.srt.managers.schedule_policy.CLIP_MAX_NEW_TOKENS could not be set")

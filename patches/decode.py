@@ -1,4 +1,4 @@
-"""Scheduler-process hooks of the decode path: each is one call into the VaseScheduler.
+"""Scheduler-process hooks of the decode path, into the process's ``VaseScheduler`` (``runtime``).
 
 * ``allocation.ALLOC_FOR_DECODE_FUNCS[cpu|cuda]``: rounds before the step's allocation.
 * ``ForwardBatch.init_new`` AFTER: logical decode positions.
@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from vase_sglang.plugin import scheduler
+from vase_sglang.plugin import contract as sg
 
-from . import contract as sg
+from . import runtime
 from .backends import BACKEND_CLASSES
 from .hooks import AFTER, AROUND, fail, hook, installs
 
@@ -26,7 +26,7 @@ from .hooks import AFTER, AROUND, fail, hook, installs
 def vase_alloc_for_decode(batch: sg.ScheduleBatch, token_per_req: int) -> torch.Tensor:
     from sglang.srt.mem_cache import allocation
 
-    sched = scheduler.current()
+    sched = runtime.adapter()
     if sched is not None:
         sched.before_decode_alloc(batch)
     out = allocation.alloc_for_decode_default(batch, token_per_req)
@@ -48,24 +48,24 @@ def _install_decode_allocator() -> None:
 
 @hook("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", AFTER)
 def _logical_positions(ret: sg.ForwardBatch, *args: Any, **kwargs: Any) -> None:
-    sched = scheduler.current()
+    sched = runtime.adapter()
     if sched is not None and ret.positions is not None and ret.forward_mode.is_decode():
-        ret.positions = sched.logical_positions(ret.positions, ret.req_pool_indices)
+        ret.positions = sched.engine.logical_positions(ret.positions, ret.req_pool_indices)
 
 
 def _capture_queries(original, backend: Any, q: torch.Tensor, k: Any, v: Any, layer: sg.AttentionLayer,
                      forward_batch: sg.ForwardBatch, *args: Any, **kwargs: Any) -> Any:
-    sched = scheduler.current()
+    sched = runtime.adapter()
     if sched is not None:
-        sched.record_queries(layer.layer_id, forward_batch.req_pool_indices, forward_batch.seq_lens, q)
+        sched.engine.record_queries(layer.layer_id, forward_batch.req_pool_indices, forward_batch.seq_lens, q)
     return original(backend, q, k, v, layer, forward_batch, *args, **kwargs)
 
 
 def _capture_extend_queries(original, backend: Any, q: torch.Tensor, k: Any, v: Any, layer: sg.AttentionLayer,
                             forward_batch: sg.ForwardBatch, *args: Any, **kwargs: Any) -> Any:
-    sched = scheduler.current()
+    sched = runtime.adapter()
     if sched is not None and forward_batch.extend_seq_lens is not None:
-        sched.record_extend_queries(layer.layer_id, forward_batch.req_pool_indices, forward_batch.seq_lens,
+        sched.engine.record_extend_queries(layer.layer_id, forward_batch.req_pool_indices, forward_batch.seq_lens,
                                     forward_batch.extend_seq_lens, q)
     return original(backend, q, k, v, layer, forward_batch, *args, **kwargs)
 

@@ -23,14 +23,15 @@ from typing import Any, NoReturn
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from . import contract as sg
+from vase_sglang.plugin import contract as sg
+
 from . import manifest
 
 logger = logging.getLogger("vase_sglang.patches")
 
 _types: sg.HookType = HookType
 BEFORE, AFTER, AROUND, REPLACE = _types.BEFORE, _types.AFTER, _types.AROUND, _types.REPLACE
-# SGLang's registry, through the attributes patches/contract.py declares (its _patched too).
+# SGLang's registry, through the attributes vase_sglang/plugin/contract.py declares (its _patched too).
 _registry: sg.HookRegistry = HookRegistry
 
 

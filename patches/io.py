@@ -3,8 +3,9 @@
 Main process:
 
 * ``SamplingParams.verify`` AFTER: a bad or unknown ``custom_params`` kv field raises
-  ValueError, which SGLang turns into HTTP 400; the server keeps running. A valid one
-  is stamped into ``custom_params`` so the scheduler does not validate it again.
+  ValueError, which SGLang turns into HTTP 400; the server keeps running. Valid ones
+  become the request's ``RequestOptions``, carried in ``custom_params`` so the scheduler
+  does not validate them again.
 * ``TokenizerManager.update_request_meta_info`` AROUND: our meta_info values are
   scalars, not per-token lists.
 * ``http_server.launch_server`` BEFORE: add ``GET /kv_policy``.
@@ -32,19 +33,20 @@ import dataclasses
 import logging
 from typing import Any
 
-from vase_sglang.plugin import scheduler, telemetry
-from vase_sglang.plugin.handoff import exported_auto, exported_config, exported_telemetry
-from vase_sglang.plugin.options import VALIDATED_KEY, server_reason, stamp_validated, stop_on_loop, validate_request
+from vase_sglang.plugin import contract as sg
+from vase_sglang.plugin import telemetry
+from vase_sglang.plugin.options import OPTIONS_KEY, carry, request_options, server_reason
+from vase_sglang.plugin.report import PolicyChoice, RequestCounters
+from vase_sglang.plugin.settings import imported_settings
 
-from . import contract as sg
-from . import openai_meta
+from . import openai_meta, runtime
 from .hooks import AFTER, AROUND, BEFORE, REPLACE, hook
 
 logger = logging.getLogger("vase_sglang.patches.io")
 
 # meta_info key of each field: kv_<field>
-COUNTER_FIELDS = tuple(f.name for f in dataclasses.fields(scheduler.RequestCounters))
-CHOICE_FIELDS = tuple(f.name for f in dataclasses.fields(scheduler.PolicyChoice))
+COUNTER_FIELDS = tuple(f.name for f in dataclasses.fields(RequestCounters))
+CHOICE_FIELDS = tuple(f.name for f in dataclasses.fields(PolicyChoice))
 TELEMETRY_FIELDS = (*telemetry.SIGNAL_FIELDS, *telemetry.ESTIMATE_FIELDS)
 META_KEYS = tuple(f"kv_{name}" for name in (*COUNTER_FIELDS, *CHOICE_FIELDS, *TELEMETRY_FIELDS))
 
@@ -53,13 +55,11 @@ META_KEYS = tuple(f"kv_{name}" for name in (*COUNTER_FIELDS, *CHOICE_FIELDS, *TE
 def _verify_custom_params(result: Any, params: Any, *args: Any, **kwargs: Any) -> None:
     custom = getattr(params, "custom_params", None)
     if isinstance(custom, dict):
-        custom.pop(VALIDATED_KEY, None)  # only this hook writes it: a client's copy is not trusted
+        custom.pop(OPTIONS_KEY, None)  # only this hook writes it: a client's copy is not trusted
     if custom:
-        # PolicyConfigError is a ValueError -> 400
-        server = exported_config()
-        cfg, seed, reason = validate_request(server, custom, exported_auto())
+        options = request_options(imported_settings(), custom)  # PolicyConfigError is a ValueError -> 400
         if isinstance(custom, dict) and any(str(k).startswith("kv_") for k in custom):
-            stamp_validated(custom, cfg, seed, reason, stop_on_loop(custom, server))
+            carry(custom, options)
 
 
 @hook("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", AROUND)
@@ -74,28 +74,29 @@ def _scalar_meta(original, manager: Any, meta_info: dict, *args: Any, **kwargs: 
         openai_meta.remember(meta_info)
 
 
-def _meta_for(req: Any) -> scheduler.RequestCounters:
-    sched = scheduler.current()
-    return sched.counters(req) if sched is not None else scheduler.RequestCounters.before_first_decode(req)
+def _meta_for(req: Any) -> RequestCounters:
+    sched = runtime.adapter()
+    return sched.counters(req) if sched is not None else RequestCounters.before_first_decode(req)
 
 
-def _choice_for(req: Any) -> scheduler.PolicyChoice:
-    sched = scheduler.current()
+def _choice_for(req: Any) -> PolicyChoice:
+    sched = runtime.adapter()
     if sched is not None:
         return sched.policy_choice(req)
-    return scheduler.PolicyChoice(exported_config().policy, server_reason(exported_config(), exported_auto()))
+    settings = imported_settings()
+    return PolicyChoice(settings.config.policy, server_reason(settings.config, settings.auto))
 
 
 def _telemetry_fields(reqs: list) -> dict[str, list]:
     """The telemetry meta_info fields of each request (none with --kv-telemetry off; the
     KL estimate only with --kv-calibration)."""
-    sched = scheduler.current()
-    options = exported_telemetry()
-    if sched is None or not options.enabled:
+    sched = runtime.adapter()
+    if sched is None or not sched.settings.telemetry.enabled:
         return {}
-    names = telemetry.SIGNAL_FIELDS + (telemetry.ESTIMATE_FIELDS if options.estimator is not None else ())
+    estimates = telemetry.ESTIMATE_FIELDS if sched.settings.telemetry.estimator is not None else ()
     reports = [sched.telemetry_report(r) for r in reqs]
-    return {f"kv_{name}": [[getattr(report, name)] for report in reports] for name in names}
+    return {f"kv_{name}": [[getattr(report, name)] for report in reports]
+            for name in telemetry.SIGNAL_FIELDS + estimates}
 
 
 def _streamer_class() -> type:
@@ -123,7 +124,7 @@ def _get_output_streamer_class(scheduler: Any) -> type:
 
 
 def totals() -> dict[str, Any]:
-    sched = scheduler.current()
+    sched = runtime.adapter()
     return sched.summary() if sched is not None else {}
 
 
@@ -136,7 +137,8 @@ def _internal_state(result: sg.GetInternalStateReqOutput, controller: Any, *args
 async def kv_policy_route() -> dict[str, Any]:
     from sglang.srt.entrypoints import http_server
 
-    cfg = exported_config()
+    settings = imported_settings()
+    cfg = settings.config
     live = {}
     state: sg.GlobalState | None = http_server.get_global_state()  # None until launch_server sets it
     manager = state.tokenizer_manager if state is not None else None
@@ -147,15 +149,15 @@ async def kv_policy_route() -> dict[str, Any]:
         live = {k: sum(r.get(k) or 0 for r in counted) for k in ("eviction_rounds", "tokens_evicted")}
         live["telemetry"] = telemetry.merge([(r.get("telemetry") or {}).get("by_config") or {} for r in counted])
         live["per_rank"] = per_rank
-    auto = exported_auto()
+    auto = settings.auto
     choice = None if auto is None else {"table": auto.to_dict(), "at_server_budget": auto.choose(cfg.budget).reason}
-    options = exported_telemetry()
-    settings = {"enabled": options.enabled, "stop_on_loop": options.stop_on_loop,
+    options = settings.telemetry
+    shown = {"enabled": options.enabled, "stop_on_loop": options.stop_on_loop,
                 "kl_estimator": None if options.estimator is None else {
                     "source": options.estimator.source, "statistic": options.estimator.statistic,
                     "scope": "per (policy, budget)" if options.estimator.per_config else "model-wide"}}
     return {"policy": "auto" if auto is not None else cfg.policy, "config": cfg.to_dict(), "auto": choice,
-            "telemetry": settings, "totals": live}
+            "telemetry": shown, "totals": live}
 
 
 def add_kv_policy_route() -> None:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from vase_sglang.plugin import scheduler
+from vase_sglang.plugin import contract as sg
 from vase_sglang.telemetry import Loop
 
-from . import contract as sg
+from . import runtime
 from .hooks import AFTER, hook
 
 
@@ -45,7 +45,7 @@ def finish_loop(loop: Loop) -> Any:
 
 @hook("sglang.srt.managers.schedule_batch.Req.update_finish_state", AFTER)
 def _after_tokens(result: Any, req: sg.Req, new_accepted_len: int = 1, *args: Any, **kwargs: Any) -> None:
-    sched = scheduler.current()
+    sched = runtime.adapter()
     if sched is None:
         return
     loop = sched.after_tokens(req, new_accepted_len)

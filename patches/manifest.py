@@ -6,7 +6,7 @@ Kinds: ``before``, ``after``, ``around`` and ``replace`` go through SGLang's
 class or object the plugin uses directly (calls, instantiates, subclasses, tests against,
 adds a route to); ``mirror`` is upstream logic our own code repeats, neither hooked nor
 called, so its source is pinned; ``role`` is the function an SGLang child process runs,
-which calls ``load_plugins()``: ``vase_sglang/plugin/__init__.py`` tells which process
+which calls ``load_plugins()``: ``patches/entry.py`` tells which process
 loads the plugin by finding that function's name on the stack. The attributes the plugin
 reads or writes on SGLang's objects are declared in ``contract.py``, not here.
 
@@ -23,8 +23,8 @@ internals our code relies on (see ``why``): when it changes upstream, our copy m
 re-read. ``used_in`` names the file that uses a target no hook is registered for (kinds
 ``call``, ``mirror``, ``role``); a hooked target's file is its hook's module.
 
-``python -m vase_sglang.patches.manifest`` prints the tables of ``docs/hooks.md`` from this
-list and ``contract.py``; ``--write docs/hooks.md`` rewrites them there.
+``python -m vase_sglang.patches.docgen`` prints the tables of ``docs/hooks.md`` from this
+list and ``vase_sglang/plugin/contract.py``; ``--write docs/hooks.md`` rewrites them there.
 """
 
 from __future__ import annotations
@@ -33,10 +33,8 @@ import ast
 import hashlib
 import inspect
 import pkgutil
-import sys
 import textwrap
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 SGLANG_VERSION = "0.5.23"
@@ -54,7 +52,7 @@ APPLIED = (*HOOKED, SET)  # each owns one function in patches/: a hook or an ins
 # plugin leaves untouched (detokenizer, data-parallel controller), named only by role entries.
 PROCESSES = ("main", "scheduler", "other")
 
-# The parts of the plugin, installed separately (``vase_sglang.plugin.main_parts``): "flags"
+# The parts of the plugin, installed separately (``patches/entry.py``'s ``main_parts``): "flags"
 # (the --kv-* flag parser) at once in the main process; "guards" (the HTTP hardening,
 # patches/guards/) with --kv-guards on; "eviction" (everything else) unless --kv-policy none
 # and --kv-guards off, where the plugin steps aside and SGLang serves untouched.
@@ -188,12 +186,12 @@ MANIFEST: tuple[Target, ...] = (
            "our decode allocator for 'cpu' and 'cuda': rounds run before the step's allocation", expect="dict"),
     Target("sglang.srt.mem_cache.allocation.alloc_for_decode_default", CALL, "scheduler",
            "the default decode allocation, called after the rounds; it writes the step's token at batch.seq_lens and "
-           "adds 1 to kv_committed_len / kv_allocated_len, which VaseScheduler._shrink_rows sets to the shortened "
+           "adds 1 to kv_committed_len / kv_allocated_len, which VaseScheduler.shrink_rows sets to the shortened "
            "row before it, so its source is pinned", ("batch", "token_per_req"),
            source_sha256="6d1d0b8ad6c7fd94a51fbbf2a379cfc48e098fe5035a714770e6954888131644",
            used_in="patches/decode.py"),
     Target("sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode", MIRROR, "scheduler",
-           "VaseScheduler._shrink_rows repeats its seq-lens bookkeeping for the rows a round shortened: seq_lens, "
+           "VaseScheduler.shrink_rows repeats its seq-lens bookkeeping for the rows a round shortened: seq_lens, "
            "seq_lens_cpu and orig_seq_lens replaced by new tensors, seq_lens_sum reset to None (the kv lengths half "
            "is alloc_for_decode_default's)", ("self",),
            source_sha256="1690ff7deee18f0f8a4477dfe65f155714065e998da4d31a3e046bd1757d1ae2",
@@ -257,15 +255,15 @@ MANIFEST: tuple[Target, ...] = (
            ("self",)),
     Target("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
            ".get_internal_state", AFTER, "scheduler", "live totals for GET /kv_policy", ("self", "recv_req")),
-    # ---- process roles: read by plugin/__init__.py before any hook is installed ----------
+    # ---- process roles: read by patches/entry.py before any hook is installed ----------
     Target("sglang.srt.managers.scheduler.run_scheduler_process", ROLE, "scheduler",
            "a scheduler (TP/PP rank) child runs it: the process applies the scheduler entries when the policy evicts",
-           used_in="vase_sglang/plugin/__init__.py"),
+           used_in="patches/entry.py"),
     Target("sglang.srt.managers.detokenizer_manager.run_detokenizer_process", ROLE, "other",
-           "the detokenizer child runs it: nothing is applied there", used_in="vase_sglang/plugin/__init__.py"),
+           "the detokenizer child runs it: nothing is applied there", used_in="patches/entry.py"),
     Target("sglang.srt.managers.data_parallel_controller.run_data_parallel_controller_process", ROLE, "other",
            "the data-parallel controller child runs it (its schedulers are found by their own entry): nothing is "
-           "applied there", used_in="vase_sglang/plugin/__init__.py"),
+           "applied there", used_in="patches/entry.py"),
 )
 
 BY_TARGET: dict[str, Target] = {t.target: t for t in MANIFEST}
@@ -316,13 +314,13 @@ def check(entry: Target) -> None:
             raise ContractError(f"{entry.target}: expected a {entry.expect}, found {type(obj).__name__}")
         return
     if entry.kind == ROLE:
-        # plugin/__init__.py matches the code name of each frame on the stack of load_plugins().
+        # patches/entry.py matches the code name of each frame on the stack of load_plugins().
         name = entry.target.rpartition(".")[2]
         if getattr(getattr(obj, "__code__", None), "co_name", None) != name:
-            raise ContractError(f"{entry.target}: not a function whose code is named {name}; plugin/__init__.py "
+            raise ContractError(f"{entry.target}: not a function whose code is named {name}; patches/entry.py "
                                 "finds the process's role by that name on the stack")
         if not calls(obj, "load_plugins"):
-            raise ContractError(f"{entry.target}: no longer calls load_plugins() itself; plugin/__init__.py "
+            raise ContractError(f"{entry.target}: no longer calls load_plugins() itself; patches/entry.py "
                                 "would not find it on the stack and would take the process for the main one")
     if entry.params is not None:
         try:
@@ -365,115 +363,3 @@ def check_all(process: str | None = None) -> list[str]:
         except ContractError as exc:
             problems.append(str(exc))
     return problems
-
-
-# ---- docs/hooks.md: the tables, generated from MANIFEST and contract.CONTRACTS -------------
-
-DOC_BEGIN = ("<!-- BEGIN generated by `python -m vase_sglang.patches.manifest --write docs/hooks.md` from "
-             "patches/manifest.py and patches/contract.py: edit those, not this block -->")
-DOC_END = "<!-- END generated -->"
-_TITLES = {"main": "Main process (HTTP server and tokenizer)", "scheduler": "Scheduler process"}
-
-
-def file_of(entry: Target) -> str:
-    """The file, from the repository root, that hooks or uses ``entry``'s target."""
-    if entry.used_in is not None:
-        return entry.used_in
-    from . import hooks
-
-    hooks.import_patch_modules()
-    module = hooks.registered_function(entry.target).__module__  # e.g. vase_sglang.patches.io
-    return module.removeprefix("vase_sglang.").replace(".", "/") + ".py"
-
-
-def _short(target: str) -> str:
-    return f"`{target.removeprefix('sglang.srt.')}`"
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def _kind_label(entry: Target) -> str:
-    label = entry.kind + (", source pinned" if entry.source_sha256 else "")
-    label += f", part {entry.part}" if entry.part != EVICTION else ""
-    return label + (f" (needs {entry.needs})" if entry.needs else "")
-
-
-def markdown() -> str:
-    """docs/hooks.md's generated block: the manifest's entries by process and file, the
-    process roles, and the attribute contract's classes."""
-    from . import contract
-
-    lines = [DOC_BEGIN, ""]
-    for process, title in _TITLES.items():
-        entries = [e for e in MANIFEST if e.process == process and e.kind != ROLE]
-        lines += [f"## {title}", "",
-                  "Targets are under `sglang.srt.` unless written in full; each bold row names the file that hooks "
-                  "or uses the targets below it. An entry's part (see *Parts* above) is named when it is not "
-                  "`eviction`.", "", "| target | kind | why |", "|---|---|---|"]
-        files = {e.target: file_of(e) for e in entries}
-        for path in dict.fromkeys(files.values()):  # in the order of their first entry
-            lines.append(f"| **[`{path}`](../{path})** | | |")
-            lines += [f"| {_short(e.target)} | {_kind_label(e)} | {_cell(e.why)} |"
-                      for e in entries if files[e.target] == path]
-        lines.append("")
-    lines += ["## Process roles", "",
-              "SGLang calls `register()` in every process it starts. `vase_sglang/plugin/__init__.py` takes the "
-              "process's role from the innermost of these functions on the stack of `load_plugins()` (each calls it "
-              "itself); with none of them, the process is the main one (`launch_server`, `sglang.Engine`, or the "
-              "server child of `sgl.Runtime`).", "",
-              "| function | role | why |", "|---|---|---|"]
-    lines += [f"| {_short(e.target)} | {e.process} | {_cell(e.why)} |" for e in MANIFEST if e.kind == ROLE]
-    lines += ["", "## The attribute contract, class by class", "",
-              "Each Protocol of `patches/contract.py`, the SGLang class it is checked against, and the attributes "
-              "it declares.", "", "| SGLang class | Protocol | attributes |", "|---|---|---|"]
-    lines += [f"| {_short(path)} | `{protocol.__name__}` | {', '.join(f'`{n}`' for n in contract.members(protocol))} |"
-              for protocol, path in contract.CONTRACTS]
-    lines += ["", DOC_END]
-    return "\n".join(lines) + "\n"
-
-
-def generated_block(text: str) -> str | None:
-    """The generated block of a document (from the DOC_BEGIN line through the DOC_END line), or None."""
-    start = text.find(DOC_BEGIN)
-    end = text.find(DOC_END, start) if start >= 0 else -1
-    if end < 0:
-        return None
-    return text[start : end + len(DOC_END)] + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m vase_sglang.patches.manifest",
-                                     description="Print the generated tables of docs/hooks.md (needs the pinned "
-                                                 "SGLang installed), or write or check them in place.")
-    action = parser.add_mutually_exclusive_group()
-    action.add_argument("--write", metavar="FILE", type=Path, help="replace FILE's generated block")
-    action.add_argument("--check", metavar="FILE", type=Path, help="exit 1 if FILE's generated block is not current")
-    args = parser.parse_args(argv)
-    block = markdown()
-    path: Path | None = args.write or args.check
-    if path is None:
-        sys.stdout.write(block)
-        return 0
-    text = path.read_text()
-    old = generated_block(text)
-    if old is None:
-        print(f"{path}: no generated block (a {DOC_BEGIN!r} line through a {DOC_END!r} line)", file=sys.stderr)
-        return 1
-    if args.check:
-        if old != block:
-            print(f"{path}: the generated block is out of date; run python -m vase_sglang.patches.manifest "
-                  f"--write {path}", file=sys.stderr)
-            return 1
-        return 0
-    path.write_text(text.replace(old, block))
-    return 0
-
-
-if __name__ == "__main__":
-    from vase_sglang.patches import manifest as _manifest  # the module the hooks import, not a second copy
-
-    sys.exit(_manifest.main())

@@ -23,14 +23,14 @@ from typing import Any
 import torch
 
 from vase_sglang.kernels import ops
-from vase_sglang.plugin import scheduler
+from vase_sglang.plugin import contract as sg
 from vase_sglang.plugin.engine import stacked_view
-from vase_sglang.plugin.handoff import exported_auto, exported_config, exported_seed, exported_telemetry
-from vase_sglang.plugin.planning import MAX_ROUND_BATCH, captures_queries, keeps_state, policy_memory
-from vase_sglang.plugin.scheduler import VaseScheduler
+from vase_sglang.plugin.planning import MAX_ROUND_BATCH, policy_memory
+from vase_sglang.plugin.scheduler import VaseScheduler, build_engine
+from vase_sglang.plugin.settings import imported_settings
 from vase_sglang.sharding import HeadShard, head_shard
 
-from . import contract as sg
+from . import runtime
 from .hooks import AFTER, AROUND, fail, hook
 
 logger = logging.getLogger("vase_sglang.patches.memory")
@@ -38,7 +38,7 @@ logger = logging.getLogger("vase_sglang.patches.memory")
 
 @hook("sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._create_buffers_normal", AROUND)
 def _one_allocation(original, pool: sg.MHATokenToKVPool, *args: Any, **kwargs: Any) -> None:
-    if not exported_config().evicts or pool.use_hnd or pool.kv_cache_layout != "nhd":
+    if not imported_settings().config.evicts or pool.use_hnd or pool.kv_cache_layout != "nhd":
         return original(pool, *args, **kwargs)
     k_shape, v_shape = pool._kv_buffer_shapes()
     if k_shape != v_shape:
@@ -55,18 +55,19 @@ def _one_allocation(original, pool: sg.MHATokenToKVPool, *args: Any, **kwargs: A
     pool.v_buffer = [fused[layer, 1, :rows] for layer in range(pool.layer_num)]
 
 
-def _shard(model_config: sg.ModelConfig, tp_size: int, tp_rank: int) -> HeadShard:
+def _shard(model_config: sg.ModelConfig, tp_size: int, tp_rank: int, policy: str) -> HeadShard:
     """The heads one attention-TP rank holds; a model they cannot be split for stops the process."""
     try:
         return head_shard(model_config.num_attention_heads, model_config.get_total_num_kv_heads(), tp_size, tp_rank)
     except ValueError as exc:
-        fail(f"--kv-policy {exported_config().policy}: {exc}")
+        fail(f"--kv-policy {policy}: {exc}")
 
 
 @hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes", AROUND)
 def _reserve_policy_memory(original, configurator: sg.KVCacheConfigurator, *args: Any, **kwargs: Any) -> int:
     available = original(configurator, *args, **kwargs)
-    cfg = exported_config()
+    settings = imported_settings()
+    cfg = settings.config
     if not cfg.evicts:
         return available
     from sglang.srt.runtime_context import get_context
@@ -75,9 +76,9 @@ def _reserve_policy_memory(original, configurator: sg.KVCacheConfigurator, *args
     mc = configurator.model_config
     # The ring and a round's scratch take the KV pool's dtype, not the model's: an fp32
     # --kv-cache-dtype under a bf16 model doubles them. Every rank holds as many heads.
-    memory = policy_memory(cfg, _shard(mc, server_args.tp_size, 0), mc.num_hidden_layers, mc.head_dim,
+    memory = policy_memory(cfg, _shard(mc, server_args.tp_size, 0, cfg.policy), mc.num_hidden_layers, mc.head_dim,
                            configurator.kv_cache_dtype.itemsize, (server_args.max_running_requests or 0) + 1,
-                           exported_auto(), exported_telemetry().enabled)
+                           settings.auto, settings.telemetry.enabled)
     logger.info("vase-sglang: reserving %.1f MiB for the query ring, %.1f MiB for the score state and %.1f MiB "
                 "for round temporaries (up to %d regions per launch) before the KV pool is sized",
                 memory.ring_bytes / 2**20, memory.state_bytes / 2**20, memory.workspace_bytes / 2**20,
@@ -85,7 +86,7 @@ def _reserve_policy_memory(original, configurator: sg.KVCacheConfigurator, *args
     return max(0, available - memory.total_bytes)
 
 
-def _check_model(model_runner: sg.ModelRunner) -> None:
+def _check_model(model_runner: sg.ModelRunner, policy: str) -> None:
     mc = model_runner.model_config
     hf = mc.hf_text_config
     problems = []
@@ -100,15 +101,16 @@ def _check_model(model_runner: sg.ModelRunner) -> None:
     if getattr(hf, "alibi", False) or "alibi" in str(getattr(hf, "position_embedding_type", "")):
         problems.append("ALiBi positions")
     if problems:
-        fail(f"--kv-policy {exported_config().policy} cannot serve {mc.model_path}: " + ", ".join(problems))
+        fail(f"--kv-policy {policy} cannot serve {mc.model_path}: " + ", ".join(problems))
 
 
 @hook("sglang.srt.model_executor.model_runner.ModelRunner._init_post_memory_pool_components", AFTER)
 def _build_runtime(result: Any, model_runner: sg.ModelRunner, *args: Any, **kwargs: Any) -> None:
-    cfg = exported_config()
+    settings = imported_settings()
+    cfg = settings.config
     if not cfg.evicts:
         return
-    _check_model(model_runner)
+    _check_model(model_runner, cfg.policy)
     pool = model_runner.token_to_kv_pool
     try:
         k_buf = stacked_view(pool.k_buffer)
@@ -120,26 +122,22 @@ def _build_runtime(result: Any, model_runner: sg.ModelRunner, *args: Any, **kwar
     from sglang.srt.runtime_context import get_parallel
 
     parallel: sg.ParallelContext = get_parallel()
-    shard = _shard(mc, parallel.attn_tp_size, parallel.attn_tp_rank)
+    shard = _shard(mc, parallel.attn_tp_size, parallel.attn_tp_rank, cfg.policy)
     if shard.kv_heads != kv_heads:
         fail(f"--kv-policy {cfg.policy}: the KV pool holds {kv_heads} heads per layer, the sharding gives "
              f"{shard.kv_heads} (attention TP {parallel.attn_tp_size})")
-    auto = exported_auto()
-    telemetry = exported_telemetry()
-    scheduler.install(VaseScheduler(cfg, exported_seed(), k_buf, v_buf, model_runner.req_to_token_pool, shard.q_heads,
-                                    capture_queries=captures_queries(cfg, auto, telemetry.enabled), auto=auto,
-                                    telemetry=telemetry, keep_state=keeps_state(cfg, auto, telemetry.enabled),
-                                    head_offset=shard.kv_head_offset,
-                                    total_kv_heads=shard.total_kv_heads,
-                                    # Each KV head's replicas and every TP rank run the same rounds:
-                                    # count them once, on the first attention-TP rank.
-                                    count_totals=parallel.attn_tp_rank == 0))
-    sched = scheduler.current()
-    assert sched is not None
+    rows = model_runner.req_to_token_pool.size + 1
+    engine = build_engine(settings, k_buf, v_buf, rows, shard.q_heads, head_offset=shard.kv_head_offset,
+                          total_kv_heads=shard.total_kv_heads)
+    # Each KV head's replicas and every TP rank run the same rounds: count them once, on
+    # the first attention-TP rank.
+    adapter = VaseScheduler(settings, engine, model_runner.req_to_token_pool,
+                            count_totals=parallel.attn_tp_rank == 0)
+    runtime.install(adapter)
     if ops.resolve_backend(k_buf.device) == "triton":
-        sched.warm_up()  # compile now, not in the middle of a decode step
-    memory = policy_memory(cfg, shard, k_buf.shape[0], head_dim, k_buf.element_size(),
-                           model_runner.req_to_token_pool.size + 1, auto, telemetry.enabled)
+        adapter.warm_up()  # compile now, not in the middle of a decode step
+    memory = policy_memory(cfg, shard, k_buf.shape[0], head_dim, k_buf.element_size(), rows, settings.auto,
+                           settings.telemetry.enabled)
     logger.info(
         "vase-sglang: policy %s, budget %d + recent %d slots per request, layer and KV head; "
         "query ring %d bytes per request x %d request slots = %.1f MiB, score state %d bytes per request = "

@@ -5,8 +5,9 @@ SGLang's OpenAI responses have no place for plugin fields except the response-le
 ``metadata.kv``: one dict of ``kv_*`` fields per choice, in choice order. A streaming
 response gets one more chunk before ``data: [DONE]``, with no choices and the same
 ``metadata.kv`` (as SGLang's own usage and ``sglext`` chunks carry response-level data).
-The stream reads the fields from ``remember``, which the meta_info hook (``io.py``) feeds
-with every request's last output; the table is bounded and each entry is taken once.
+The stream reads the fields from ``runtime.finished``, which the meta_info hook
+(``io.py``, through ``remember``) feeds with every request's last output; it is bounded and
+each entry is taken once.
 
 * ``OpenAIServingChat._build_chat_response`` / ``OpenAIServingCompletion._build_completion_response``
   AROUND: add ``metadata.kv``.
@@ -18,14 +19,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from . import runtime
 from .hooks import AROUND, hook
 
-MAX_REMEMBERED = 4096  # finished requests whose fields wait for their stream's last chunk
-_finished: OrderedDict[str, dict[str, Any]] = OrderedDict()
 DONE = "data: [DONE]\n\n"
 
 
@@ -39,16 +38,13 @@ def remember(meta_info: dict[str, Any]) -> None:
     fields = kv_fields(meta_info)
     if not isinstance(rid, str) or not fields:
         return
-    _finished[rid] = fields
-    _finished.move_to_end(rid)
-    while len(_finished) > MAX_REMEMBERED:
-        _finished.popitem(last=False)
+    runtime.finished.remember(rid, fields)
 
 
 def take(rids: Any) -> list[dict[str, Any]]:
     """The fields of each request id (one rid, or a list: one per choice), removed."""
     ids = [rids] if isinstance(rids, str) else list(rids or [])
-    return [_finished.pop(r, {}) for r in ids if isinstance(r, str)]
+    return [runtime.finished.take(r) for r in ids if isinstance(r, str)]
 
 
 def _with_kv(response: Any, ret: Sequence[dict[str, Any]]) -> Any:
@@ -56,7 +52,7 @@ def _with_kv(response: Any, ret: Sequence[dict[str, Any]]) -> Any:
     if any(fields) and hasattr(response, "metadata"):  # not a pre-serialized ORJSONResponse
         response.metadata = {**(response.metadata or {}), "kv": fields}
         for item in ret:
-            _finished.pop(str((item.get("meta_info") or {}).get("id")), None)
+            runtime.finished.take(str((item.get("meta_info") or {}).get("id")))
     return response
 
 

@@ -20,13 +20,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vase_sglang.config import PolicyConfig, PolicyConfigError
-from vase_sglang.plugin import install_main
-from vase_sglang.plugin.flags import add_cli_flags, guards_enabled, server_options, telemetry_options
-from vase_sglang.plugin.handoff import Exported, export_config, exported_config
-from vase_sglang.plugin.options import AUTO
+from vase_sglang.plugin import contract as sg
+from vase_sglang.plugin.flags import ENGINE_KWARGS, add_cli_flags, server_settings
+from vase_sglang.plugin.settings import ServerSettings, export_settings, imported_settings
 
-from . import contract as sg
 from .backends import SUPPORTED_BACKENDS
+from .entry import install_main
 from .hooks import AFTER, AROUND, fail, hook, installs
 
 logger = logging.getLogger("vase_sglang.patches.server_args")
@@ -35,8 +34,6 @@ SUPPORTED_KV_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32")
 # Query-ring rows are allocated per request slot; without a user value, cap the slots.
 DEFAULT_MAX_RUNNING_REQUESTS = 128
 POST_CAPTURE_KV_SIZING = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"
-ENGINE_KWARGS = ("kv_policy", "kv_budget", "kv_recent", "kv_seed", "kv_policy_config", "kv_calibration",
-                 "kv_telemetry", "kv_stop_on_loop", "kv_guards")
 
 
 @hook("sglang.srt.arg_groups.arg_utils.add_cli_args_from_dataclass", AFTER)
@@ -125,32 +122,20 @@ def _adjust_for_policy(server_args: Any, cfg: PolicyConfig) -> None:
         setattr(server_args, name, value)
 
 
-def options_or_exit(flags: Mapping[str, Any], model_path: str | None) -> Exported:
-    """The server's policy, --kv-seed, auto table, telemetry settings and --kv-guards from
-    the ``kv_*`` flag values (keyed as ``ENGINE_KWARGS``); a bad one stops the process."""
+def settings_or_exit(flags: Mapping[str, Any], model_path: str | None) -> ServerSettings:
+    """``flags.server_settings``; a bad flag stops the process, naming it."""
     try:
-        return resolve_options(flags, model_path)
+        return server_settings(flags, model_path)
     except PolicyConfigError as exc:
         fail(str(exc))
-        raise  # unreachable
-
-
-def resolve_options(flags: Mapping[str, Any], model_path: str | None) -> Exported:
-    """``options_or_exit`` raising ``PolicyConfigError`` (``sgl.Runtime`` turns it into a ValueError)."""
-    calibration = flags.get("kv_calibration")
-    cfg, seed, auto = server_options(flags.get("kv_policy"), flags.get("kv_budget"), flags.get("kv_recent"),
-                                     flags.get("kv_seed"), flags.get("kv_policy_config"), calibration, model_path)
-    telemetry = telemetry_options(cfg, flags.get("kv_telemetry"), flags.get("kv_stop_on_loop"), calibration,
-                                  auto=flags.get("kv_policy") == AUTO)
-    return Exported(cfg, seed, auto, telemetry, guards_enabled(flags.get("kv_guards")))
 
 
 @hook("sglang.srt.server_args.prepare_server_args", AROUND)
 def _prepare_server_args(original, argv: list[str], *args: Any, **kwargs: Any) -> Any:
     ns = _parse_flags(list(argv))
     server_args = original(argv, *args, **kwargs)
-    settings = options_or_exit(vars(ns), getattr(server_args, "model_path", None))
-    export_config(*settings)
+    settings = settings_or_exit(vars(ns), getattr(server_args, "model_path", None))
+    export_settings(settings)
     install_main(settings)  # the parts the flags switch on (the flag parser is in already)
     cfg, seed, auto, telemetry = settings.config, settings.seed, settings.auto, settings.telemetry
     _adjust_for_policy(server_args, cfg)
@@ -185,9 +170,9 @@ def engine_server_args(server_args_class: type):
 
     def factory(**kwargs: Any) -> Any:
         flags = {name: kwargs.pop(name, None) for name in ENGINE_KWARGS}
-        settings = options_or_exit(flags, kwargs.get("model_path"))
+        settings = settings_or_exit(flags, kwargs.get("model_path"))
         server_args = server_args_class(**kwargs)
-        export_config(*settings)
+        export_settings(settings)
         install_main(settings)
         _adjust_for_policy(server_args, settings.config)
         return server_args
@@ -231,7 +216,7 @@ def unsupported_reasons(cfg: sg.ServerArgs, environ: Mapping[str, str] = os.envi
 
 @hook("sglang.srt.arg_groups.validation_hook.check_server_args", AFTER)
 def _check_server_args(result: Any, server_args: Any, *args: Any, **kwargs: Any) -> None:
-    cfg = exported_config()
+    cfg = imported_settings().config
     if not cfg.evicts:
         return
     from sglang.srt.arg_groups.model_override_base import resolving_view

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from vase_sglang.plugin import scheduler
+from vase_sglang.plugin import contract as sg
 
-from . import contract as sg
+from . import runtime
 from .hooks import BEFORE, hook
 
 
 def _cap_checkpoint(tree: Any, req: sg.Req, *args: Any, up_to: int, **kwargs: Any):
-    sched = scheduler.current()
+    sched = runtime.adapter()
     limit = sched.checkpoint_limit(req, up_to) if sched is not None else None
     return None if limit is None else ((tree, req, *args), {**kwargs, "up_to": limit})
 

@@ -82,7 +82,8 @@ def child(sources_dir: str) -> None:
     import sglang
     import torch
 
-    from vase_sglang.patches import contract, hooks, manifest
+    from vase_sglang.patches import hooks, manifest
+    from vase_sglang.plugin import contract
 
     result: dict[str, object] = {
         "sglang": {"version": sglang.__version__, "file": sglang.__file__},

@@ -13,6 +13,9 @@ spec="."
 # Quiet unless it fails: a first install prints thousands of lines.
 log=$(mktemp)
 pip=(.venv/bin/python -m pip install --disable-pip-version-check)
+# setuptools builds in ./build: a file left there by an earlier build would ship again
+# after it was removed or moved in the checkout.
+rm -rf build
 # First the dependencies (a no-op once present), then always this checkout's code.
 if ! { "${pip[@]}" "$spec" && "${pip[@]}" --force-reinstall --no-deps .; } >"$log" 2>&1; then
   cat "$log" >&2

@@ -10,7 +10,7 @@ set +e
 .venv/bin/ruff check .
 lint=$?
 # The package, and the test support code: its fakes must satisfy the Protocols of
-# patches/contract.py they stand in for.
+# vase_sglang/plugin/contract.py they stand in for.
 .venv/bin/mypy -p vase_sglang && .venv/bin/mypy tests/support
 types=$?
 # The installed package, as users and servers get it (`python -m pytest tests/unit` from

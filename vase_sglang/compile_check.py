@@ -207,17 +207,17 @@ def warm_up_setting(setting: Setting) -> dict[str, Variant]:
     import torch
 
     from .plugin.flags import config_from_flags
-    from .plugin.planning import captures_queries, keeps_state
-    from .plugin.scheduler import VaseScheduler
+    from .plugin.scheduler import VaseScheduler, build_engine
+    from .plugin.settings import ServerSettings
     from .plugin.telemetry import TelemetryOptions
 
     g = GEOMETRIES[setting.geometry]
-    cfg = config_from_flags("vase", setting.budget, setting.recent, None)
-    # One slot (the warm-up runs on padding slot 0) and one request row.
+    settings = ServerSettings(config_from_flags("vase", setting.budget, setting.recent, None),
+                              telemetry=TelemetryOptions(enabled=True))
+    # One slot (the warm-up runs on padding slot 0) and two request rows, as a one-slot pool has.
     k = torch.zeros((g.n_layers, 1, g.kv_heads, g.head_dim), dtype=getattr(torch, setting.dtype))
-    sched = VaseScheduler(cfg, None, k, torch.zeros_like(k), SimpleNamespace(size=1), g.q_heads,
-                          capture_queries=captures_queries(cfg, None, True), backend="triton",
-                          telemetry=TelemetryOptions(enabled=True), keep_state=keeps_state(cfg, None, True))
+    engine = build_engine(settings, k, torch.zeros_like(k), 2, g.q_heads, backend="triton")
+    sched = VaseScheduler(settings, engine, SimpleNamespace(size=1))
     with recording() as variants:
         sched.warm_up()
     return variants

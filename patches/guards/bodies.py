@@ -41,7 +41,8 @@ import functools
 import typing
 from typing import Any, Literal, Optional, Union, cast
 
-from .. import contract as sg
+from vase_sglang.plugin import contract as sg
+
 from ..hooks import AROUND, BEFORE, hook
 
 # Parallel samples per prompt: SGLang expands a request into n copies before anything else

@@ -16,7 +16,8 @@ import logging
 import os
 from typing import Any
 
-from .. import contract as sg
+from vase_sglang.plugin import contract as sg
+
 from ..hooks import AROUND, hook
 
 logger = logging.getLogger("vase_sglang.patches.guards.lifecycle")

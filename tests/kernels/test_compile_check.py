@@ -19,9 +19,10 @@ from support.fakes import FakePool
 from vase_sglang import compile_check as cc
 from vase_sglang.config import PolicyConfig
 from vase_sglang.kernels import ops, reference
-from vase_sglang.plugin.engine import stacked_view
+from vase_sglang.plugin.engine import RoundEngine, stacked_view
 from vase_sglang.plugin.planning import reachable_policies
 from vase_sglang.plugin.scheduler import VaseScheduler
+from vase_sglang.plugin.settings import ServerSettings
 from vase_sglang.plugin.telemetry import TelemetryOptions
 
 LAYERS, KV_HEADS, GROUP, DIM = 2, 2, 2, 16
@@ -32,10 +33,12 @@ def _scheduler(server: PolicyConfig, cols: int) -> VaseScheduler:
     fused = torch.randn((LAYERS, 2, rows * cols + 1, KV_HEADS, DIM), device=DEVICE)
     k = stacked_view([fused[i, 0] for i in range(LAYERS)])
     v = stacked_view([fused[i, 1] for i in range(LAYERS)])
-    sched = VaseScheduler(server, 0, k, v, FakePool(rows, cols), KV_HEADS * GROUP, capture_queries=True,
-                          backend="triton", telemetry=TelemetryOptions(enabled=True), keep_state=True)
-    assert sched.query_ring is not None
-    sched.query_ring.normal_()  # attention that is not uniform, as after real decode steps
+    engine = RoundEngine(server, k, v, rows, KV_HEADS * GROUP, capture_queries=True, keep_state=True,
+                         backend="triton")
+    sched = VaseScheduler(ServerSettings(server, 0, telemetry=TelemetryOptions(enabled=True)), engine,
+                          FakePool(rows, cols))
+    assert sched.engine.query_ring is not None
+    sched.engine.query_ring.normal_()  # attention that is not uniform, as after real decode steps
     return sched
 
 
@@ -62,7 +65,8 @@ def test_rounds_after_reprefills_of_any_length_compile_nothing_new() -> None:
                 for n in extra:
                     slots = slots_row[: cfg.region_size + n].unsqueeze(0).long()
                     newest = torch.tensor([(slots.shape[1] - 1) % server.recent], device=DEVICE)
-                    sched.select_and_compact(sched.policy(cfg), slots, rows, [0], [0], sched.measures, newest)
+                    engine = sched.engine
+                    engine.select_and_compact(engine.policy(cfg), slots, rows, [0], [0], sched.measures, newest)
     assert later, "the rounds launched no kernel: nothing was checked"
     new = {key: v for key, v in later.items() if key not in warmed}
     assert not new, f"rounds after a re-prefill compile new variants: {_labels(new)}"

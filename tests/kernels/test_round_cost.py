@@ -40,9 +40,10 @@ from vase_sglang.kernels import (
     value_stat,
     window_attention,
 )
-from vase_sglang.plugin.engine import stacked_view
+from vase_sglang.plugin.engine import RoundEngine, stacked_view
 from vase_sglang.plugin.planning import reachable_policies, round_workspace_bytes, warmup_configs
 from vase_sglang.plugin.scheduler import VaseScheduler
+from vase_sglang.plugin.settings import ServerSettings
 from vase_sglang.policies import POLICIES, Regions, RoundShape, make_policy
 
 KERNEL_MODULES = (compact, cur, evicted_mass, select, value_stat, window_attention)
@@ -273,8 +274,8 @@ def test_warm_up_launches_every_variant_requests_reach(monkeypatch: pytest.Monke
     fused = torch.randn((layers, 2, rows * cols + 1, heads, dim), device=DEVICE)
     k = stacked_view([fused[i, 0] for i in range(layers)])
     v = stacked_view([fused[i, 1] for i in range(layers)])
-    sched = VaseScheduler(server, 0, k, v, FakePool(rows, cols), 4, capture_queries=True, backend="triton",
-                          keep_state=True)
+    engine = RoundEngine(server, k, v, rows, 4, capture_queries=True, keep_state=True, backend="triton")
+    sched = VaseScheduler(ServerSettings(server, 0), engine, FakePool(rows, cols))
     monkeypatch.setattr(_common, "LAUNCHED", set())
     before = fused.clone()
     assert sched.warm_up() == len(warmup_configs(server))

@@ -27,7 +27,7 @@ this one):
 
 Names and paths followed by a placeholder (``vase_sglang.<tool>``, ``results/<run>/``) are
 templates, not citations. SGLang names are not checked here: ``patches/manifest.py`` and
-``patches/contract.py`` pin those, checked by ``tests/unit/test_manifest.py``.
+``vase_sglang/plugin/contract.py`` pin those, checked by ``tests/unit/test_manifest.py``.
 
 The prose scanned (``Checkout.scanned``): every Markdown file except ``CHANGELOG.md``,
 whose entries describe the past, and those under ``results/``, which each run wrote about

@@ -1,5 +1,5 @@
 """Fake SGLang objects with exactly the attributes the adapter reads (declared in
-patches/contract.py), and a VaseScheduler over them: no SGLang, no server."""
+vase_sglang/plugin/contract.py), and a VaseScheduler over them: no SGLang, no server."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vase_sglang.config import PolicyConfig
-from vase_sglang.patches import contract as sg
-from vase_sglang.plugin.engine import stacked_view
-from vase_sglang.plugin.options import stamp_validated, stop_on_loop, validate_request
+from vase_sglang.plugin import contract as sg
+from vase_sglang.plugin.engine import RoundEngine, stacked_view
+from vase_sglang.plugin.options import carry, request_options
 from vase_sglang.plugin.scheduler import VaseScheduler
+from vase_sglang.plugin.settings import ServerSettings
 
 CFG = PolicyConfig(policy="vase", budget=16, recent=4, sinks=2)
 LAYERS, HEADS, DIM, Q_HEADS = 3, 2, 8, 4
@@ -43,8 +44,7 @@ class FakeReq:
     def __init__(self, rid: str, row: int, prompt: int, custom: dict[str, Any] | None = None,
                  sampling_seed: int | None = None):
         if custom:  # what SamplingParams.verify leaves for the scheduler
-            cfg, seed, _ = validate_request(CFG, custom)
-            stamp_validated(custom, cfg, seed, "", stop_on_loop(custom, CFG))
+            carry(custom, request_options(ServerSettings(CFG), custom))
         self.rid = rid
         self.sampling_params: sg.SamplingParams = FakeParams(custom, sampling_seed)
         self.kv: sg.ReqKvInfo = FakeKV(row, prompt, prompt, prompt)
@@ -91,8 +91,8 @@ def make_scheduler(rows: int = 4, cols: int = 40, server_seed: int | None = None
     fused = torch.randn((LAYERS, 2, rows * cols + 1, HEADS, DIM))
     k = stacked_view([fused[i, 0] for i in range(LAYERS)])
     v = stacked_view([fused[i, 1] for i in range(LAYERS)])
-    return VaseScheduler(cfg, server_seed, k, v, pool, Q_HEADS, capture_queries=True, backend=backend,
-                         keep_state=True)
+    engine = RoundEngine(cfg, k, v, rows, Q_HEADS, capture_queries=True, keep_state=True, backend=backend)
+    return VaseScheduler(ServerSettings(cfg, server_seed), engine, pool)
 
 
 def server_args(**given: Any) -> SimpleNamespace:
@@ -113,7 +113,7 @@ def server_args(**given: Any) -> SimpleNamespace:
 
 
 if TYPE_CHECKING:
-    # Each stand-in satisfies the Protocol of patches/contract.py it stands in for: mypy
+    # Each stand-in satisfies the Protocol of vase_sglang/plugin/contract.py it stands in for: mypy
     # checks tests/support (scripts/test.sh), so a fake that drifts from SGLang's shape fails.
     _req: sg.Req = FakeReq("r", 0, 1)
     _batch: sg.ScheduleBatch = FakeBatch([])

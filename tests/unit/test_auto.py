@@ -18,10 +18,10 @@ from vase_sglang.plugin.auto import (
     load_calibration,
     model_fingerprint,
 )
-from vase_sglang.plugin.flags import server_options
-from vase_sglang.plugin.handoff import export_config, exported_auto
-from vase_sglang.plugin.options import resolve_request, stamp_validated, validate_request
+from vase_sglang.plugin.flags import server_config
+from vase_sglang.plugin.options import carried_options, carry, request_options
 from vase_sglang.plugin.planning import captures_queries, reachable_configs, round_workspace_bytes, warmup_configs
+from vase_sglang.plugin.settings import ServerSettings, export_config, imported_settings
 from vase_sglang.policies import RoundShape, make_policy
 
 CONFIG = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
@@ -77,56 +77,68 @@ def test_a_bad_calibration_file_is_refused_in_one_line(tmp_path, content: str, n
         load_calibration(str(tmp_path / "missing.json"))
 
 
+def _server(policy: str, budget: int | None, recent: int | None, calibration: str | None = None,
+            model: str | None = None) -> ServerSettings:
+    """The config and table of a server's flags (the telemetry's use of the file is
+    ``telemetry_options``'s, tested in test_telemetry.py)."""
+    flags = {"kv_policy": policy, "kv_budget": budget, "kv_recent": recent, "kv_calibration": calibration}
+    cfg, auto = server_config(flags, model)
+    return ServerSettings(cfg, auto=auto)
+
+
 def test_a_calibration_of_another_model_is_refused_at_start_up(tmp_path) -> None:
     path = str(write_calibration(tmp_path))
     other = model_dir(tmp_path, {**CONFIG, "num_hidden_layers": 3})
     with pytest.raises(PolicyConfigError, match="measured on another model"):
-        server_options("auto", 256, None, None, None, path, other)
-    cfg, seed, auto = server_options("auto", 256, None, None, None, path, model_dir(tmp_path, CONFIG))
-    assert (cfg.policy, cfg.budget, cfg.recent, seed) == ("snapkv", 256, 32, None)  # R from the calibration
+        _server("auto", 256, None, path, other)
+    settings = _server("auto", 256, None, path, model_dir(tmp_path, CONFIG))
+    cfg, auto = settings.config, settings.auto
+    assert (cfg.policy, cfg.budget, cfg.recent, settings.seed) == ("snapkv", 256, 32, None)  # R from the calibration
     assert auto is not None and auto.by_budget.keys() == {64, 128, 256}
     with pytest.raises(PolicyConfigError, match="measured with recent 32; start with --kv-recent 32"):
-        server_options("auto", 256, 64, None, None, path, model_dir(tmp_path, CONFIG))
+        _server("auto", 256, 64, path, model_dir(tmp_path, CONFIG))
     # Another evicting policy reads the file for its KL mappings: checked the same way.
     (tmp_path / "other").mkdir()
     with pytest.raises(PolicyConfigError, match="measured on another model"):
-        server_options("vase", 256, None, None, None, path, model_dir(tmp_path / "other", {**CONFIG, "vocab_size": 7}))
-    cfg, _, auto = server_options("vase", 256, None, None, None, path, model_dir(tmp_path, CONFIG))
-    assert (cfg.policy, cfg.recent, auto) == ("vase", 32, None)
+        _server("vase", 256, None, path, model_dir(tmp_path / "other", {**CONFIG, "vocab_size": 7}))
+    settings = _server("vase", 256, None, path, model_dir(tmp_path, CONFIG))
+    assert (settings.config.policy, settings.config.recent, settings.auto) == ("vase", 32, None)
     with pytest.raises(PolicyConfigError, match="start with an evicting --kv-policy"):
-        server_options("none", None, None, None, None, path, model_dir(tmp_path, CONFIG))
+        _server("none", None, None, path, model_dir(tmp_path, CONFIG))
 
 
 def test_auto_without_a_file_serves_the_builtin_choice() -> None:
-    cfg, _, auto = server_options("auto", 128, 32)
-    assert cfg.policy == BUILTIN_POLICY and auto is BUILTIN
+    settings = _server("auto", 128, 32)
+    assert settings.config.policy == BUILTIN_POLICY and settings.auto is BUILTIN
 
 
 def test_requests_on_an_auto_server_follow_their_budget_and_say_why(tmp_path) -> None:
     table = load_calibration(str(write_calibration(tmp_path)))
     server = PolicyConfig(policy="snapkv", budget=256, recent=32)
-    cfg, _, reason = validate_request(server, None, table)
-    assert cfg.policy == "snapkv" and "at B=256" in reason
-    cfg, _, reason = validate_request(server, {"kv_budget": 128}, table)
-    assert (cfg.policy, cfg.budget, cfg.outlier_factor) == ("vase", 128, 5.0) and "vase-outliers at B=128" in reason
-    cfg, _, reason = validate_request(server, {"kv_budget": 96, "kv_policy": "auto"}, table)
-    assert (cfg.policy, cfg.budget) == ("streamingllm", 96) and "B=64" in reason
-    cfg, _, reason = validate_request(server, {"kv_budget": 128, "kv_policy": "random"}, table)
-    assert (cfg.policy, cfg.outlier_factor, reason) == ("random", None, "request kv_policy")
-    # The scheduler reads the stamp the tokenizer process wrote, reason included.
+    settings = ServerSettings(server, auto=table)
+    options = request_options(settings, None)
+    assert options.cfg.policy == "snapkv" and "at B=256" in options.reason
+    options = request_options(settings, {"kv_budget": 128})
+    assert (options.cfg.policy, options.cfg.budget, options.cfg.outlier_factor) == ("vase", 128, 5.0)
+    assert "vase-outliers at B=128" in options.reason
+    options = request_options(settings, {"kv_budget": 96, "kv_policy": "auto"})
+    assert (options.cfg.policy, options.cfg.budget) == ("streamingllm", 96) and "B=64" in options.reason
+    options = request_options(settings, {"kv_budget": 128, "kv_policy": "random"})
+    assert (options.cfg.policy, options.cfg.outlier_factor, options.reason) == ("random", None, "request kv_policy")
+    # The scheduler reads the options the tokenizer process carried, reason included.
     custom: dict = {"kv_budget": 128}
-    stamp_validated(custom, *validate_request(server, custom, table))
-    options = resolve_request(server, None, custom, rid="r", auto=table)
+    carry(custom, request_options(settings, custom))
+    options = carried_options(settings, custom, rid="r")
     assert options.cfg.policy == "vase" and "vase-outliers" in options.reason
-    assert "at B=256" in resolve_request(server, None, None, rid="r", auto=table).reason
+    assert "at B=256" in carried_options(settings, None, rid="r").reason
 
 
 def test_kv_policy_auto_on_a_server_of_one_policy_runs_the_builtin_choice() -> None:
     server = PolicyConfig(policy="snapkv", budget=256, recent=32)
-    cfg, _, reason = validate_request(server, {"kv_policy": "auto"})
-    assert cfg.policy == BUILTIN_POLICY and "built-in" in reason
+    options = request_options(ServerSettings(server), {"kv_policy": "auto"})
+    assert options.cfg.policy == BUILTIN_POLICY and "built-in" in options.reason
     with pytest.raises(PolicyConfigError, match="--kv-policy none"):
-        validate_request(PolicyConfig(policy="none"), {"kv_policy": "auto"})
+        request_options(ServerSettings(PolicyConfig(policy="none")), {"kv_policy": "auto"})
 
 
 def test_a_table_that_may_choose_a_query_policy_makes_the_server_capture_queries_and_size_for_it() -> None:
@@ -148,9 +160,9 @@ def test_the_table_travels_to_every_process(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("VASE_SGLANG_CONFIG", raising=False)
     table = AutoTable({64: {"policy": "snapkv", "label": "snapkv"}}, "c.json", 32, "abc")
     export_config(PolicyConfig(policy="snapkv", budget=64, recent=32), None, table)
-    assert exported_auto() == table
+    assert imported_settings().auto == table
     export_config(PolicyConfig(policy="vase", budget=64, recent=32))
-    assert exported_auto() is None
+    assert imported_settings().auto is None
 
 
 def test_a_table_that_may_choose_a_stateful_policy_makes_the_server_keep_score_state() -> None:

@@ -25,8 +25,9 @@ from support.fakes import CFG, DIM, HEADS, LAYERS, Q_HEADS, FakeBatch, FakePool,
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from vase_sglang.plugin import scheduler as scheduler_module
-from vase_sglang.plugin.engine import stacked_view
+from vase_sglang.plugin.engine import RoundEngine, stacked_view
 from vase_sglang.plugin.scheduler import VaseScheduler
+from vase_sglang.plugin.settings import ServerSettings
 
 
 def test_a_round_inside_capture_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,34 +70,34 @@ def test_forward_hooks_replay_like_a_captured_graph() -> None:
     graphs = {}
     for bs in (2, 4):
         r, s, x, p = rows.repeat(bs // 2), lens.repeat(bs // 2), q.repeat(bs // 2, 1), pos.repeat(bs // 2)
-        graphs[bs] = (make_fx(lambda r, s, x: sched.record_queries(1, r, s, x))(r, s, x),
-                      make_fx(lambda p, r: sched.logical_positions(p, r))(p, r))
+        graphs[bs] = (make_fx(lambda r, s, x: sched.engine.record_queries(1, r, s, x))(r, s, x),
+                      make_fx(lambda p, r: sched.engine.logical_positions(p, r))(p, r))
 
     def check(rows: torch.Tensor, lens: torch.Tensor) -> None:
         record, positions = graphs[rows.shape[0]]
         x = torch.randn(rows.shape[0], Q_HEADS * DIM)
-        saved = sched.query_ring.clone()
-        sched.record_queries(1, rows, lens, x)
-        eager = sched.query_ring.clone()
-        sched.query_ring.copy_(saved)  # in place: the trace holds this very tensor
+        saved = sched.engine.query_ring.clone()
+        sched.engine.record_queries(1, rows, lens, x)
+        eager = sched.engine.query_ring.clone()
+        sched.engine.query_ring.copy_(saved)  # in place: the trace holds this very tensor
         record(rows, lens, x)
-        assert torch.equal(sched.query_ring, eager)
+        assert torch.equal(sched.engine.query_ring, eager)
         p = lens - 1
-        assert torch.equal(positions(p, rows), sched.logical_positions(p, rows))
+        assert torch.equal(positions(p, rows), sched.engine.logical_positions(p, rows))
 
     check(rows, torch.tensor([7, 11]))
     # A round on request a: its row is shortened and its positions shift by R.
     a.kv.kv_committed_len = a.kv.kv_allocated_len = 5 + CFG.region_size
     batch = FakeBatch([a, b])
     sched.before_decode_alloc(batch)
-    assert int(sched.position_offset_by_row[1]) == CFG.recent
+    assert int(sched.engine.position_offset_by_row[1]) == CFG.recent
     check(rows, batch.seq_lens + 1)
     # b is retracted and re-prefilled into another row: a new region after its prompt.
     b.retraction_count = 1
     b.kv.req_pool_idx, b.kv.kv_committed_len, b.kv.kv_allocated_len = 3, 30, 30
     sched.req_to_token_pool.req_generation[3] += 1
     sched.before_decode_alloc(FakeBatch([a, b]))
-    assert sched.state(b).region_start == 9
+    assert sched.record(b).region_start == 9
     check(torch.tensor([1, 3]), torch.tensor([5 + CFG.budget + 1, 31]))
     # A padded graph batch: extra rows point at row 0 with SGLang's fill length.
     check(torch.tensor([1, 3, 0, 0]), torch.tensor([5 + CFG.budget + 2, 32, 1, 1]))
@@ -147,8 +148,8 @@ def test_query_recording_under_a_real_cuda_graph() -> None:
     fused = torch.randn((LAYERS, 2, 200, HEADS, DIM), device=dev)
     k = stacked_view([fused[i, 0] for i in range(LAYERS)])
     v = stacked_view([fused[i, 1] for i in range(LAYERS)])
-    sched = VaseScheduler(CFG, 0, k, v, FakePool(4, 40), Q_HEADS, capture_queries=True, backend="triton",
-                          keep_state=True)
+    engine = RoundEngine(CFG, k, v, 4, Q_HEADS, capture_queries=True, keep_state=True, backend="triton")
+    sched = VaseScheduler(ServerSettings(CFG, 0), engine, FakePool(4, 40))
     rows = torch.tensor([1, 2], device=dev)
     lens = torch.tensor([6, 10], device=dev)
     q = torch.randn(2, Q_HEADS * DIM, device=dev)
@@ -156,27 +157,27 @@ def test_query_recording_under_a_real_cuda_graph() -> None:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the capture stream, as SGLang does
-        sched.record_queries(0, rows, lens, q)
-        sched.logical_positions(pos, rows)
+        sched.engine.record_queries(0, rows, lens, q)
+        sched.engine.logical_positions(pos, rows)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        sched.record_queries(0, rows, lens, q)
-        out = sched.logical_positions(pos, rows)
+        sched.engine.record_queries(0, rows, lens, q)
+        out = sched.engine.logical_positions(pos, rows)
     gen = torch.Generator(device=dev).manual_seed(0)
     for step in range(5):
-        sched.position_offset_by_row[1:3] += CFG.recent * step
+        sched.engine.position_offset_by_row[1:3] += CFG.recent * step
         new_rows = torch.tensor([[1, 2], [2, 1], [3, 0]][step % 3], device=dev)
         new_lens = torch.randint(20, 40, (2,), device=dev, generator=gen)
         new_q = torch.randn(2, Q_HEADS * DIM, device=dev, generator=gen)
-        saved = sched.query_ring.clone()
-        sched.record_queries(0, new_rows, new_lens, new_q)
-        eager_ring, eager_pos = sched.query_ring.clone(), sched.logical_positions(new_lens - 1, new_rows)
-        sched.query_ring.copy_(saved)
+        saved = sched.engine.query_ring.clone()
+        sched.engine.record_queries(0, new_rows, new_lens, new_q)
+        eager_ring, eager_pos = sched.engine.query_ring.clone(), sched.engine.logical_positions(new_lens - 1, new_rows)
+        sched.engine.query_ring.copy_(saved)
         rows.copy_(new_rows)
         lens.copy_(new_lens)
         q.copy_(new_q)
         pos.copy_(new_lens - 1)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(sched.query_ring, eager_ring) and torch.equal(out, eager_pos)
+        assert torch.equal(sched.engine.query_ring, eager_ring) and torch.equal(out, eager_pos)

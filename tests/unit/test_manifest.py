@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from vase_sglang.patches import contract, hooks, manifest
+from vase_sglang.patches import hooks, manifest
 from vase_sglang.patches.guards import bodies as guards
+from vase_sglang.plugin import contract
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,7 +110,7 @@ def test_pinned_sources_are_the_ones_we_reimplement_or_mirror() -> None:
     pinned = [t for t in manifest.MANIFEST if t.source_sha256]
     assert {t.target.rsplit(".", 1)[1] for t in pinned} == {
         "_create_buffers_normal", "_get_running_request_total_token_offset",  # re-implemented
-        "prepare_for_decode", "alloc_for_decode_default"}  # VaseScheduler._shrink_rows repeats their bookkeeping
+        "prepare_for_decode", "alloc_for_decode_default"}  # VaseScheduler.shrink_rows repeats their bookkeeping
     assert all(t.source_sha256 for t in manifest.MANIFEST if t.kind == manifest.MIRROR), "a mirror without its pin"
 
 
@@ -189,7 +190,7 @@ PLANTED_ATTRIBUTES = [  # a Protocol, a name SGLang does not define, a class it 
 def test_a_planted_attribute_fails_by_name(monkeypatch: pytest.MonkeyPatch, protocol: type, planted: str,
                                            path: str) -> None:
     monkeypatch.setitem(protocol.__dict__["__annotations__"], planted, Any)
-    assert (f"{path}.{planted}: not defined by SGLang (declared in patches/contract.py {protocol.__name__})"
+    assert (f"{path}.{planted}: not defined by SGLang (declared in vase_sglang/plugin/contract.py {protocol.__name__})"
             in contract.check_all())
 
 
@@ -229,31 +230,31 @@ def test_a_role_function_must_call_load_plugins_under_its_own_name(monkeypatch: 
 
 
 def test_the_process_role_comes_from_the_manifest(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vase_sglang import plugin
+    from vase_sglang.patches import entry
 
     def run_scheduler_process() -> str:
-        return plugin._role()
+        return entry.process_role()
 
     def run_detokenizer_process() -> str:
-        return plugin._role()
+        return entry.process_role()
 
     def launch_server() -> str:
-        return plugin._role()
+        return entry.process_role()
 
     assert (run_scheduler_process(), run_detokenizer_process(), launch_server()) == ("scheduler", "other", "main")
-    # Rename the scheduler's entry: plugin/__init__.py follows the manifest, not a name of its own.
+    # Rename the scheduler's entry: patches/entry.py follows the manifest, not a name of its own.
     target = "sglang.srt.managers.scheduler.run_scheduler_process"
     monkeypatch.setattr(manifest, "MANIFEST", tuple(
         dataclasses.replace(e, target="sglang.srt.managers.scheduler.run_scheduler_loop") if e.target == target
         else e for e in manifest.MANIFEST))
 
     def run_scheduler_loop() -> str:
-        return plugin._role()
+        return entry.process_role()
 
     assert (run_scheduler_loop(), run_scheduler_process()) == ("scheduler", "main")
 
 
-# ---- the attribute contract (patches/contract.py) ----------------------------------------
+# ---- the attribute contract (vase_sglang/plugin/contract.py) ----------------------------------------
 def test_every_attribute_the_plugin_touches_is_defined_by_the_pinned_sglang() -> None:
     assert contract.check_all() == []
 
@@ -289,6 +290,7 @@ def test_a_renamed_attribute_fails_with_its_name(monkeypatch: pytest.MonkeyPatch
     exec(compile(source, str(path), "exec"), mod.__dict__)
     assert contract.check(contract.ReqKvInfo, "vase_fake_batch.Kv") == []  # base __init__, annotation, property
     assert contract.check(contract.ReqKvInfo, "vase_fake_batch.Renamed") == [
-        "vase_fake_batch.Renamed.kv_committed_len: not defined by SGLang (declared in patches/contract.py ReqKvInfo)"]
+        "vase_fake_batch.Renamed.kv_committed_len: not defined by SGLang (declared in "
+        "vase_sglang/plugin/contract.py ReqKvInfo)"]
     assert contract.check(contract.ReqKvInfo, "vase_fake_batch.Gone")[0].startswith(
         "vase_fake_batch.Gone: cannot be resolved")

@@ -8,8 +8,8 @@ import pytest
 
 from vase_sglang.config import PolicyConfig, PolicyConfigError
 from vase_sglang.plugin.flags import add_cli_flags, config_from_flags, seed_from_flag
-from vase_sglang.plugin.handoff import export_config, exported_config, exported_seed
-from vase_sglang.plugin.options import validate_request
+from vase_sglang.plugin.options import RequestOptions, request_options
+from vase_sglang.plugin.settings import ServerSettings, export_config, imported_settings
 
 
 def test_flags_parse_and_show_in_help(capsys: pytest.CaptureFixture[str]) -> None:
@@ -54,11 +54,11 @@ def test_flag_errors_name_the_flag(kwargs: dict, message: str) -> None:
 
 def test_export_roundtrip(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VASE_SGLANG_CONFIG", raising=False)
-    assert exported_config().policy == "none"
-    assert exported_seed() is None
+    assert imported_settings().config.policy == "none"
+    assert imported_settings().seed is None
     cfg = config_from_flags("vase-dkv", 256, 32, '{"sketch_rank": 8}')
     export_config(cfg, 9)
-    assert exported_config() == cfg and exported_seed() == 9
+    assert imported_settings().config == cfg and imported_settings().seed == 9
 
 
 @pytest.mark.parametrize("bad", [-1, 2**63, "7", True, 1.5])
@@ -70,14 +70,20 @@ def test_bad_server_seed(bad: object) -> None:
 SERVER = PolicyConfig(policy="vase", budget=256, recent=32)
 
 
+def validate_request(server: PolicyConfig, custom: dict | None, **settings) -> RequestOptions:
+    """A request's options on a server running ``server`` (and ``settings``)."""
+    return request_options(ServerSettings(server, **settings), custom)
+
+
 def test_request_overrides() -> None:
     assert validate_request(SERVER, None).cfg is SERVER
     assert validate_request(SERVER, {"unrelated": 1}).cfg is SERVER
     assert validate_request(SERVER, {"kv_policy": "none"}).cfg.policy == "none"
-    small, seed, _ = validate_request(SERVER, {"kv_budget": 128, "kv_seed": 5})
-    assert (small.budget, seed, small.large, small.recent) == (128, 5, 32, 32)
+    small = validate_request(SERVER, {"kv_budget": 128, "kv_seed": 5})
+    assert (small.cfg.budget, small.seed, small.cfg.large, small.cfg.recent) == (128, 5, 32, 32)
     # The seed is not part of the config: requests that differ only in it share one policy.
-    assert validate_request(SERVER, {"kv_seed": 6})[:2] == (SERVER, 6)
+    seeded = validate_request(SERVER, {"kv_seed": 6})
+    assert (seeded.cfg, seeded.seed) == (SERVER, 6)
     assert validate_request(SERVER, {"kv_policy": "vase-dkv"}).cfg.policy == "vase-dkv"
 
 
@@ -104,16 +110,14 @@ def test_bad_request_fields(params: dict, field: str, needle: str) -> None:
     assert needle in str(err.value) and field in str(err.value)
 
 
-def test_request_policy_needing_queries_on_a_server_without_them(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_request_policy_needing_queries_on_a_server_without_them() -> None:
     from vase_sglang.plugin.telemetry import TelemetryOptions
 
     server = PolicyConfig(policy="vase-dkv", budget=256, recent=32)
-    monkeypatch.setenv("VASE_SGLANG_CONFIG", "")
-    export_config(server)  # telemetry on: every evicting server records the window queries
+    # telemetry on: every evicting server records the window queries
     assert validate_request(server, {"kv_policy": "vase"}).cfg.policy == "vase"
-    export_config(server, telemetry=TelemetryOptions(enabled=False))
     with pytest.raises(PolicyConfigError, match="needs attention queries"):
-        validate_request(server, {"kv_policy": "vase"})
+        validate_request(server, {"kv_policy": "vase"}, telemetry=TelemetryOptions(enabled=False))
     with pytest.raises(PolicyConfigError, match="--kv-policy none"):
         validate_request(PolicyConfig(policy="none"), {"kv_policy": "vase"})
 

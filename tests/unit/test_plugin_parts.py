@@ -1,4 +1,4 @@
-"""Which parts of the plugin a process installs (``plugin.main_parts``), and that
+"""Which parts of the plugin a process installs (``patches.entry.main_parts``), and that
 ``--kv-policy none --kv-guards off`` patches nothing in SGLang but the flag parser.
 
 The install runs in a subprocess: it patches SGLang for good, and the test process must
@@ -14,15 +14,15 @@ import pytest
 
 from vase_sglang.config import PolicyConfig
 from vase_sglang.patches import manifest
-from vase_sglang.plugin import main_parts
-from vase_sglang.plugin.handoff import Exported
+from vase_sglang.patches.entry import main_parts
+from vase_sglang.plugin.settings import ServerSettings
 from vase_sglang.plugin.telemetry import TelemetryOptions
 
 NONE, VASE = PolicyConfig(policy="none"), PolicyConfig(policy="vase")
 
 
-def _settings(cfg: PolicyConfig, guards: bool) -> Exported:
-    return Exported(cfg, None, None, TelemetryOptions(), guards)
+def _settings(cfg: PolicyConfig, guards: bool) -> ServerSettings:
+    return ServerSettings(cfg, None, None, TelemetryOptions(), guards)
 
 
 @pytest.mark.parametrize(("cfg", "guards", "parts"), [
@@ -50,14 +50,15 @@ PATCHED = """
 import json, sys
 from vase_sglang.config import PolicyConfig
 from vase_sglang.patches import hooks
-from vase_sglang.plugin import install_main
-from vase_sglang.plugin.handoff import Exported
+from vase_sglang.patches.entry import install_main
+from vase_sglang.plugin.settings import ServerSettings
 from vase_sglang.plugin.telemetry import TelemetryOptions
 from sglang.srt.plugins.hook_registry import HookRegistry
 
 policy, guards = sys.argv[1], sys.argv[2] == "on"
 hooks.install("main", ("flags",))  # register(): the flag parser at once
-install_main(Exported(PolicyConfig(policy=policy), None, None, TelemetryOptions(), guards))  # once the flags are read
+# once the flags are read
+install_main(ServerSettings(PolicyConfig(policy=policy), None, None, TelemetryOptions(), guards))
 print(json.dumps(sorted(HookRegistry._patched)))
 """
 

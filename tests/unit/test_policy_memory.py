@@ -12,12 +12,12 @@ import torch
 
 from vase_sglang.config import PolicyConfig
 from vase_sglang.patches import memory
-from vase_sglang.plugin.handoff import export_config
 from vase_sglang.plugin.planning import (
     query_ring_bytes_per_request,
     round_workspace_bytes,
     score_state_bytes_per_request,
 )
+from vase_sglang.plugin.settings import export_config
 from vase_sglang.plugin.telemetry import TelemetryOptions
 from vase_sglang.policies import RoundShape
 

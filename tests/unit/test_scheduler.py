@@ -1,5 +1,5 @@
 """The VaseScheduler adapter, without SGLang: fake requests, batch, pool and allocator that
-have only the attributes the adapter reads (declared in patches/contract.py)."""
+have only the attributes the adapter reads (declared in vase_sglang/plugin/contract.py)."""
 
 from __future__ import annotations
 
@@ -58,39 +58,40 @@ def test_round_compacts_frees_the_tail_and_shortens_the_row() -> None:
     req = FakeReq("a", row, lo, {"kv_seed": 3})
     batch = FakeBatch([req])
     sched.before_decode_alloc(batch)
-    st = sched.state(req)
-    assert (st.row, st.region_start, st.options.seed) == (row, lo, 3)
+    st = sched.record(req)
+    assert (st.row, st.region_start, st.seed) == (row, lo, 3)
     # Decode queries land at ring slot (column - lo) % R.
     for col in range(lo, lo + CFG.region_size):
-        sched.record_queries(0, torch.tensor([row]), torch.tensor([col + 1]), torch.full((1, Q_HEADS * DIM),
+        sched.engine.record_queries(0, torch.tensor([row]), torch.tensor([col + 1]), torch.full((1, Q_HEADS * DIM),
                                                                                          float(col)))
-    ring = sched.query_ring[row, 0, 0, :, 0]
+    ring = sched.engine.query_ring[row, 0, 0, :, 0]
     assert sorted(ring.tolist()) == [float(lo + CFG.budget + i) for i in range(CFG.recent)]
     region = sched.req_to_token_pool.req_to_token[row, lo : lo + CFG.region_size].long()
     prompt = sched.req_to_token_pool.req_to_token[row, :lo].long()
-    before_k, before_v = sched.k_buf.clone(), sched.v_buf.clone()
-    queries = sched.query_ring[torch.tensor([row])].clone()
+    before_k, before_v = sched.engine.k_buf.clone(), sched.engine.v_buf.clone()
+    queries = sched.engine.query_ring[torch.tensor([row])].clone()
 
     req.kv.kv_committed_len = req.kv.kv_allocated_len = lo + CFG.region_size
     batch = FakeBatch([req])
     sched.before_decode_alloc(batch)
 
     assert (st.rounds, st.evicted, st.compacted) == (1, CFG.recent, True)
-    assert int(sched.position_offset_by_row[row]) == CFG.recent and sched.totals.rounds == 1
+    assert int(sched.engine.position_offset_by_row[row]) == CFG.recent and sched.totals.rounds == 1
     # The R tail slots are freed and the row ends at lo + B.
     (freed,) = batch.token_to_kv_pool_allocator.freed
     assert torch.equal(freed, region[CFG.budget :])
     assert req.kv.kv_committed_len == req.kv.kv_allocated_len == lo + CFG.budget
     assert batch.seq_lens.tolist() == batch.seq_lens_cpu.tolist() == [lo + CFG.budget] and batch.seq_lens_sum is None
-    assert torch.equal(sched.k_buf[:, prompt], before_k[:, prompt])  # the prompt's slots are never touched
+    assert torch.equal(sched.engine.k_buf[:, prompt], before_k[:, prompt])  # the prompt's slots are never touched
     # The kept data equals what the policy chose with the request's seed.
     regions = Regions(before_k, before_v, region[None], seeds=[3], rounds=[0], queries=queries)
     keep = make_policy(CFG, backend="torch").select(regions)
     expect_k, expect_v = before_k.clone(), before_v.clone()
     reference.compact(expect_k, expect_v, region[None], keep)
-    assert torch.equal(sched.k_buf, expect_k) and torch.equal(sched.v_buf, expect_v)
+    assert torch.equal(sched.engine.k_buf, expect_k) and torch.equal(sched.engine.v_buf, expect_v)
     # Positions stay logical, the tree never takes a compacted column, growth is bounded by the region.
-    assert sched.logical_positions(torch.tensor([lo + CFG.budget]), torch.tensor([row])).item() == lo + CFG.region_size
+    logical = sched.engine.logical_positions(torch.tensor([lo + CFG.budget]), torch.tensor([row]))
+    assert logical.item() == lo + CFG.region_size
     assert sched.checkpoint_limit(req, lo + CFG.budget) == lo
     assert sched.checkpoint_limit(req, lo) is None
     assert sched.growth_bound(req) == CFG.recent
@@ -105,7 +106,7 @@ def test_a_round_with_an_empty_query_ring_is_counted() -> None:
     assert sched.summary()["rounds_without_queries"] == 1
     fed = FakeReq("b", 2, 2)
     sched.before_decode_alloc(FakeBatch([fed]))
-    sched.record_queries(0, torch.tensor([2]), torch.tensor([3]), torch.ones((1, Q_HEADS * DIM)))
+    sched.engine.record_queries(0, torch.tensor([2]), torch.tensor([3]), torch.ones((1, Q_HEADS * DIM)))
     fed.kv.kv_committed_len = fed.kv.kv_allocated_len = 2 + CFG.region_size
     sched.before_decode_alloc(FakeBatch([fed]))
     assert sched.summary()["rounds_without_queries"] == 1 and sched.totals.rounds == 2
@@ -115,8 +116,8 @@ def test_reprefill_starts_a_new_region_and_keeps_the_counters() -> None:
     sched = make_scheduler()
     req = FakeReq("a", 1, 5)
     _decode_until_round(sched, [req])
-    st = sched.state(req)
-    assert st.rounds == 1 and int(sched.position_offset_by_row[1]) == CFG.recent
+    st = sched.record(req)
+    assert st.rounds == 1 and int(sched.engine.position_offset_by_row[1]) == CFG.recent
     # Retracted and re-prefilled into another row: prompt 5 + 12 generated tokens (fewer
     # than B + R: no round yet), the tree owning the prompt only. The region restarts
     # after the prompt.
@@ -124,7 +125,7 @@ def test_reprefill_starts_a_new_region_and_keeps_the_counters() -> None:
     req.kv = FakeKV(3, 17, 17, 5)
     sched.before_decode_alloc(FakeBatch([req]))
     assert (st.row, st.region_start, st.compacted, st.rounds, st.evicted) == (3, 5, False, 1, CFG.recent)
-    assert int(sched.position_offset_by_row[3]) == 0 and st.reprefilled == [12]
+    assert int(sched.engine.position_offset_by_row[3]) == 0 and st.reprefilled == [12]
     assert sched.counters(req).reprefilled_tokens == "12" and st.region_len == 12
 
 
@@ -167,7 +168,7 @@ def test_a_tree_owned_prefix_longer_than_the_prompt_stays_outside_the_region() -
     req.retraction_count = 1
     req.kv = FakeKV(1, 30, 30, 8)  # another request's output, shared through the tree
     sched.before_decode_alloc(FakeBatch([req]))
-    assert sched.state(req).region_start == 8
+    assert sched.record(req).region_start == 8
 
 
 def test_after_a_reprefill_one_round_brings_the_region_back_to_budget() -> None:
@@ -181,18 +182,19 @@ def test_after_a_reprefill_one_round_brings_the_region_back_to_budget() -> None:
     # The re-prefill: the tree held the prompt, the history was extended (computed) again.
     queries = torch.randn((history, Q_HEADS * DIM))
     for layer in range(LAYERS):
-        sched.record_extend_queries(layer, torch.tensor([2]), torch.tensor([total]), torch.tensor([history]), queries)
-    ring = sched.query_ring[2, 0].transpose(0, 1).reshape(CFG.recent, -1)  # [R, Hq * D] by slot
+        sched.engine.record_extend_queries(layer, torch.tensor([2]), torch.tensor([total]), torch.tensor([history]),
+                                           queries)
+    ring = sched.engine.query_ring[2, 0].transpose(0, 1).reshape(CFG.recent, -1)  # [R, Hq * D] by slot
     for col in range(total - CFG.recent, total):
         assert torch.equal(ring[col % CFG.recent], queries[col - prompt])
     req.kv = FakeKV(2, total, total, prompt)
     region = sched.req_to_token_pool.req_to_token[2, prompt:total].long()
     batch = FakeBatch([req])
     sched.before_decode_alloc(batch)
-    st = sched.state(req)
+    st = sched.record(req)
     removed = history - CFG.budget
     assert (st.region_start, st.reprefilled, st.rounds, st.evicted) == (prompt, [history], 1, removed)
-    assert int(sched.position_offset_by_row[st.row]) == removed
+    assert int(sched.engine.position_offset_by_row[st.row]) == removed
     assert req.kv.kv_committed_len == prompt + CFG.budget and batch.seq_lens.tolist() == [prompt + CFG.budget]
     (freed,) = batch.token_to_kv_pool_allocator.freed
     assert torch.equal(freed, region[CFG.budget :])
@@ -205,8 +207,8 @@ def test_prefill_queries_of_several_requests_land_in_their_rows() -> None:
     sched = make_scheduler(rows=4, cols=60)
     # Two requests in one prefill batch: 3 and 9 new tokens after prefixes of 10 and 2.
     q = torch.arange(12, dtype=torch.float32)[:, None].expand(12, Q_HEADS * DIM).contiguous()
-    sched.record_extend_queries(0, torch.tensor([1, 3]), torch.tensor([13, 11]), torch.tensor([3, 9]), q)
-    by_slot = sched.query_ring[:, 0, 0, :, 0]  # [rows, R]: the token index written at each slot
+    sched.engine.record_extend_queries(0, torch.tensor([1, 3]), torch.tensor([13, 11]), torch.tensor([3, 9]), q)
+    by_slot = sched.engine.query_ring[:, 0, 0, :, 0]  # [rows, R]: the token index written at each slot
     assert {c % CFG.recent: by_slot[1, c % CFG.recent].item() for c in (10, 11, 12)} == {2: 0.0, 3: 1.0, 0: 2.0}
     assert [by_slot[3, c % CFG.recent].item() for c in range(7, 11)] == [8.0, 9.0, 10.0, 11.0]
 
@@ -227,8 +229,8 @@ def test_distinct_seeds_share_one_policy_object() -> None:
     sched = make_scheduler(rows=101, cols=30)
     reqs = [FakeReq(f"r{i}", i + 1, 2, {"kv_seed": i}) for i in range(100)]
     _decode_until_round(sched, reqs)
-    assert sched.policy_cache_size == 1 and sched.totals.rounds == 100
-    assert sorted(sched.state(r).options.seed for r in reqs) == list(range(100))
+    assert sched.engine.policy_cache_size == 1 and sched.totals.rounds == 100
+    assert sorted(sched.record(r).seed for r in reqs) == list(range(100))
 
 
 def _kept_after_one_round(sched: VaseScheduler, reqs: list[FakeReq]) -> list[torch.Tensor]:
@@ -238,9 +240,9 @@ def _kept_after_one_round(sched: VaseScheduler, reqs: list[FakeReq]) -> list[tor
     src = pool[reqs[0].kv.req_pool_idx, lo : lo + CFG.region_size].long()
     for r in reqs[1:]:
         dst = pool[r.kv.req_pool_idx, lo : lo + CFG.region_size].long()
-        sched.k_buf[:, dst], sched.v_buf[:, dst] = sched.k_buf[:, src], sched.v_buf[:, src]
+        sched.engine.k_buf[:, dst], sched.engine.v_buf[:, dst] = sched.engine.k_buf[:, src], sched.engine.v_buf[:, src]
     _decode_until_round(sched, reqs)
-    return [sched.k_buf[:, pool[r.kv.req_pool_idx, lo : lo + CFG.budget].long()].clone() for r in reqs]
+    return [sched.engine.k_buf[:, pool[r.kv.req_pool_idx, lo : lo + CFG.budget].long()].clone() for r in reqs]
 
 
 def test_requests_without_kv_seed_draw_independent_noise_and_kv_seed_reproduces() -> None:
@@ -248,22 +250,22 @@ def test_requests_without_kv_seed_draw_independent_noise_and_kv_seed_reproduces(
     sched = make_scheduler()
     a, b = FakeReq("rid-a", 1, 2), FakeReq("rid-b", 2, 2)
     ka, kb = _kept_after_one_round(sched, [a, b])
-    assert sched.state(a).options.seed == identity_seed("rid-a") != sched.state(b).options.seed
+    assert sched.record(a).seed == identity_seed("rid-a") != sched.record(b).seed
     assert not torch.equal(ka, kb), "two concurrent requests drew the same eviction noise"
     # An explicit kv_seed reproduces a request's choice, whatever its id.
     torch.manual_seed(0)
     sched2 = make_scheduler()
-    c, d = FakeReq("rid-c", 1, 2, {"kv_seed": sched.state(a).options.seed}), FakeReq("rid-d", 2, 2, {"kv_seed": 5})
+    c, d = FakeReq("rid-c", 1, 2, {"kv_seed": sched.record(a).seed}), FakeReq("rid-d", 2, 2, {"kv_seed": 5})
     kc, _ = _kept_after_one_round(sched2, [c, d])
     assert torch.equal(kc, ka)
 
 
 def test_seed_precedence_request_then_server_then_identity() -> None:
     sched = make_scheduler(server_seed=11)
-    assert sched.state(FakeReq("x", 1, 2)).options.seed == 11
-    assert sched.state(FakeReq("y", 1, 2, {"kv_seed": 4})).options.seed == 4
+    assert sched.record(FakeReq("x", 1, 2)).seed == 11
+    assert sched.record(FakeReq("y", 1, 2, {"kv_seed": 4})).seed == 4
     free = make_scheduler()
-    assert free.state(FakeReq("z", 1, 2, sampling_seed=9)).options.seed == identity_seed("z", 9) == identity_seed("w",
+    assert free.record(FakeReq("z", 1, 2, sampling_seed=9)).seed == identity_seed("z", 9) == identity_seed("w",
                                                                                                                   9)
 
 
@@ -272,7 +274,7 @@ def test_unvalidated_kv_fields_fail_loudly() -> None:
     req = FakeReq("a", 1, 2)
     req.sampling_params.custom_params = {"kv_budget": 8}  # no stamp: verify never ran
     with pytest.raises(RuntimeError, match="without validation"):
-        sched.state(req)
+        sched.record(req)
 
 
 def test_request_state_goes_with_the_request() -> None:
@@ -307,7 +309,7 @@ def test_round_statistics_stay_bounded_over_10000_rounds(policy: str) -> None:
     gc.collect()
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()
-    assert sched.totals.rounds == 10_100 and sched.state(req).rounds == 10_100
+    assert sched.totals.rounds == 10_100 and sched.record(req).rounds == 10_100
     # A per-round leak leaves >= 1 live object per round (a list of round latencies would hold
     # 10,000 floats, ~320 KB). What survives here is a few hundred objects of torch's and
     # the interpreter's own caching, independent of the number of rounds.

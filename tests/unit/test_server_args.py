@@ -66,7 +66,7 @@ def test_a_named_backend_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_frontend_runtime_kwargs_get_the_same_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vase_sglang.plugin.frontend import runtime_kwargs
+    from vase_sglang.patches.frontend import runtime_kwargs
 
     _simulate_hopper(monkeypatch, False)
     monkeypatch.delenv("VASE_SGLANG_CONFIG", raising=False)

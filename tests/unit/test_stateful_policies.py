@@ -21,17 +21,17 @@ def _fill(sched: VaseScheduler, req: FakeReq, first: int, last: int, tag0: int) 
     g = torch.Generator().manual_seed(first)
     for pos in range(first, last):
         col = PROMPT + pos
-        sched.v_buf[:, int(slots[col]), :, 0] = float(tag0 + pos)
-        q = torch.randn((sched.n_layers, Q_HEADS * sched.head_dim), generator=g)
-        for layer in range(sched.n_layers):
-            sched.record_queries(layer, torch.tensor([ROW]), torch.tensor([col + 1]), q[layer : layer + 1])
+        sched.engine.v_buf[:, int(slots[col]), :, 0] = float(tag0 + pos)
+        q = torch.randn((sched.engine.n_layers, Q_HEADS * sched.engine.head_dim), generator=g)
+        for layer in range(sched.engine.n_layers):
+            sched.engine.record_queries(layer, torch.tensor([ROW]), torch.tensor([col + 1]), q[layer : layer + 1])
     req.kv.kv_committed_len = req.kv.kv_allocated_len = PROMPT + last
 
 
 def _tags(sched: VaseScheduler, n: int) -> torch.Tensor:
     """[layers, KV heads, n]: the tag of the token each of the region's first n places holds."""
     slots = sched.req_to_token_pool.req_to_token[ROW, PROMPT : PROMPT + n].long()
-    return sched.v_buf[:, slots, :, 0].permute(0, 2, 1)
+    return sched.engine.v_buf[:, slots, :, 0].permute(0, 2, 1)
 
 
 def _expected_carry(policy: str, planted: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
@@ -48,7 +48,7 @@ def test_planted_scores_follow_their_tokens_through_rounds(policy: str, backend:
     sched = make_scheduler(cfg=cfg, backend=backend)
     req = FakeReq("a", ROW, PROMPT)
     sched.before_decode_alloc(FakeBatch([req]))  # starts the region
-    assert sched.score_state is not None and float(sched.score_state[ROW].abs().max()) == 0
+    assert sched.engine.score_state is not None and float(sched.engine.score_state[ROW].abs().max()) == 0
     c, b = cfg.budget, cfg.budget  # candidates at a round: the region's first B positions
     tag_of = {}  # tag -> planted or carried score per (layer, head)
     _fill(sched, req, 0, cfg.region_size, tag0=1000)
@@ -56,19 +56,19 @@ def test_planted_scores_follow_their_tokens_through_rounds(policy: str, backend:
         tags_before = _tags(sched, cfg.region_size)  # [L, H, B + R]
         # Plant distinct scores on the candidates at the first round; later rounds carry their own.
         if rnd == 0:
-            sched.score_state[ROW, :, :, :c] = 10.0 * (tags_before[..., :c] - 999)
-        planted = sched.score_state[ROW, :, :, :c].clone()
+            sched.engine.score_state[ROW, :, :, :c] = 10.0 * (tags_before[..., :c] - 999)
+        planted = sched.engine.score_state[ROW, :, :, :c].clone()
         slots = sched.req_to_token_pool.req_to_token[ROW, PROMPT : PROMPT + cfg.region_size].long()
-        probs = reference.window_attention_probs(sched.query_ring[[ROW]], sched.k_buf, slots[None, :c])[0]
+        probs = reference.window_attention_probs(sched.engine.query_ring[[ROW]], sched.engine.k_buf, slots[None, :c])[0]
         want = _expected_carry(policy, planted, probs)  # [L, H, C], by position before the round
         tag_of = {(layer, head, int(tags_before[layer, head, p])): float(want[layer, head, p])
-                  for layer in range(sched.n_layers) for head in range(sched.kv_heads) for p in range(c)}
+                  for layer in range(sched.engine.n_layers) for head in range(sched.engine.kv_heads) for p in range(c)}
         sched.before_decode_alloc(FakeBatch([req]))  # the round
-        assert sched.state(req).rounds == rnd + 1
+        assert sched.record(req).rounds == rnd + 1
         tags_after = _tags(sched, b)
-        state = sched.score_state[ROW]
-        for layer in range(sched.n_layers):
-            for head in range(sched.kv_heads):
+        state = sched.engine.score_state[ROW]
+        for layer in range(sched.engine.n_layers):
+            for head in range(sched.engine.kv_heads):
                 for j in range(b):
                     tag = int(tags_after[layer, head, j])
                     # A kept candidate carries its own score; a kept recent token has none yet.
@@ -87,31 +87,29 @@ def test_a_restarted_region_starts_with_no_scores() -> None:
     sched.before_decode_alloc(FakeBatch([req]))
     _fill(sched, req, 0, cfg.region_size, tag0=1)
     sched.before_decode_alloc(FakeBatch([req]))
-    assert float(sched.score_state[ROW].abs().max()) > 0
+    assert float(sched.engine.score_state[ROW].abs().max()) > 0
     # Retracted, re-prefilled into row 3 with 12 generated tokens: a new region, nothing scored;
     # the old row is reset when another region starts in it.
     req.retraction_count = 1
-    sched.score_state[3] = 5.0
+    sched.engine.score_state[3] = 5.0
     req.kv = FakeKV(3, PROMPT + 12, PROMPT + 12, PROMPT)
     sched.before_decode_alloc(FakeBatch([req]))
-    assert float(sched.score_state[3].abs().max()) == 0
+    assert float(sched.engine.score_state[3].abs().max()) == 0
     other = FakeReq("b", ROW, PROMPT)
     sched.before_decode_alloc(FakeBatch([other]))
-    assert float(sched.score_state[ROW].abs().max()) == 0
+    assert float(sched.engine.score_state[ROW].abs().max()) == 0
 
 
 def test_a_stateful_policy_needs_a_server_with_score_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vase_sglang.plugin.handoff import export_config
-    from vase_sglang.plugin.options import validate_request
+    from vase_sglang.plugin.options import request_options
     from vase_sglang.plugin.planning import keeps_state
+    from vase_sglang.plugin.settings import ServerSettings
     from vase_sglang.plugin.telemetry import TelemetryOptions
 
     streaming = CFG.replace(policy="streamingllm")
     assert keeps_state(CFG) and keeps_state(streaming, telemetry=True) and not keeps_state(streaming)
-    monkeypatch.setenv("VASE_SGLANG_CONFIG", "")
-    export_config(streaming)  # telemetry on: queries captured, state kept
-    assert validate_request(streaming, {"kv_policy": "h2o"}).cfg.policy == "h2o"
+    # telemetry on: queries captured, state kept
+    assert request_options(ServerSettings(streaming), {"kv_policy": "h2o"}).cfg.policy == "h2o"
     # Without queries no stateful policy can run (each reads them): refused per request.
-    export_config(streaming, telemetry=TelemetryOptions(enabled=False))
     with pytest.raises(ValueError, match="needs attention queries"):
-        validate_request(streaming, {"kv_policy": "gkv"})
+        request_options(ServerSettings(streaming, telemetry=TelemetryOptions(enabled=False)), {"kv_policy": "gkv"})

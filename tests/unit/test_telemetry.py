@@ -3,6 +3,7 @@ character-level definition, the KL mappings, and the adapter's per-request and f
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from types import SimpleNamespace
 
@@ -161,9 +162,9 @@ def _decode_steps(sched, reqs, steps: int, rng: random.Random, token=None) -> No
 
 def _scheduler_with_estimator(**options):
     sched = make_scheduler()
-    sched.telemetry = TelemetryOptions(**options)
-    for row in range(sched.query_ring.shape[0]):  # non-zero queries: rounds read them
-        sched.query_ring[row] = torch.randn(sched.query_ring.shape[1:])
+    sched.settings = dataclasses.replace(sched.settings, telemetry=TelemetryOptions(**options))
+    for row in range(sched.engine.query_ring.shape[0]):  # non-zero queries: rounds read them
+        sched.engine.query_ring[row] = torch.randn(sched.engine.query_ring.shape[1:])
     return sched
 
 
@@ -174,7 +175,7 @@ def test_rounds_report_the_evicted_attention_of_each_request() -> None:
     _decode_steps(sched, reqs, 40, random.Random(0))
     for r in reqs:
         rep = sched.telemetry_report(r)
-        st = sched.state(r)
+        st = sched.record(r)
         assert st.rounds >= 5 and st.telemetry.signal.rounds == st.rounds
         assert 0 < rep.evicted_attention <= rep.evicted_attention_max <= 1
         assert rep.estimated_kl == pytest.approx(2 * rep.evicted_attention)
@@ -208,7 +209,7 @@ def test_stop_on_loop_per_request_overrides_the_server() -> None:
                 stops.setdefault(r.rid, (step, loop))
     found = 4 * len(phrase) + _first_phrase(phrase) - 1  # the 5th "Wait, let me"
     assert list(stops) == ["s"] and stops["s"][0] == found and stops["s"][1].start == 0
-    assert sched.state(going_on).telemetry.loop is not None  # detected, not stopped
+    assert sched.record(going_on).telemetry.loop is not None  # detected, not stopped
     assert sched.telemetry_report(going_on).loop_start == 0
 
 
@@ -237,21 +238,17 @@ def test_fleet_totals_merge_across_schedulers() -> None:
 
 def test_meta_info_fields_follow_the_server_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """--kv-telemetry off sends no telemetry field; without a calibration no estimate field."""
-    from vase_sglang.patches import io
-    from vase_sglang.plugin import scheduler as adapter
-    from vase_sglang.plugin.handoff import export_config
+    from vase_sglang.patches import io, runtime
 
     sched = _scheduler_with_estimator()
-    monkeypatch.setattr(adapter, "_current", sched)
-    monkeypatch.setenv("VASE_SGLANG_CONFIG", "")
+    monkeypatch.setattr(runtime, "_adapter", sched)
     req = FakeReq("a", 1, 5)
-    export_config(CFG, telemetry=TelemetryOptions(enabled=False))
+    sched.settings = dataclasses.replace(sched.settings, telemetry=TelemetryOptions(enabled=False))
     assert io._telemetry_fields([req]) == {}
-    export_config(CFG)
+    sched.settings = dataclasses.replace(sched.settings, telemetry=TelemetryOptions())
     assert set(io._telemetry_fields([req])) == {"kv_evicted_attention", "kv_evicted_attention_max", "kv_loop",
                                                 "kv_loop_start"}
     est = KLEstimator("mean", KLMapping((0.0, 1.0), (0.0, 2.0), "model-wide", 4))
-    export_config(CFG, telemetry=TelemetryOptions(estimator=est))
-    sched.telemetry = TelemetryOptions(estimator=est)
+    sched.settings = dataclasses.replace(sched.settings, telemetry=TelemetryOptions(estimator=est))
     fields = io._telemetry_fields([req])
     assert fields["kv_estimated_kl"] == [[0.0]] and "no eviction round" in fields["kv_kl_mapping"][0][0]

@@ -1,97 +1,19 @@
-"""What runs inside SGLang's processes; ``register`` is the plugin entry point (group
-``sglang.srt.plugins``, name ``vase``).
+"""The SGLang side of vase-sglang, below the hooks: what a scheduler or the main process
+does for eviction, given SGLang's objects as arguments.
 
-SGLang calls ``register()`` in every process it starts. Each process applies the
-manifest entries of its role (``patches/manifest.py``'s ``process``), because resolving
-a target imports its module, and of the parts its settings switch on (``part``):
+* ``scheduler.VaseScheduler``: the adapter of one scheduler process. It holds the
+  ``requests.RequestTable`` (one ``RequestRecord`` per request, by request id: options,
+  seed, region, counters, telemetry) and an ``engine.RoundEngine`` (the KV views, query
+  ring, score state and position offsets, and one batched round: tensors only).
+* ``settings`` (``ServerSettings``, handed to SGLang's child processes), ``flags`` (the
+  ``--kv-*`` flags into settings), ``options`` (a request's ``kv_*`` fields into its
+  ``RequestOptions``: the one precedence function), ``auto`` (``--kv-policy auto``),
+  ``planning`` (what a request can reach and what it costs).
+* ``report``, ``telemetry``, ``metrics``, ``stats``: what is reported per request and in
+  total; ``contract``: the SGLang attributes read here, as Protocols; ``cpu_mode``: the
+  ``sgl_kernel`` stand-in of the CPU engine.
 
-* the main process installs the ``--kv-*`` flag parser at once, and the rest once the
-  flags are read (``main_parts``): the HTTP hardening (``patches/guards/``) with
-  ``--kv-guards on``, the argument, request and reporting hooks unless ``--kv-policy
-  none --kv-guards off``, where SGLang serves untouched;
-* a scheduler gets the decode, memory and tree hooks, only when the exported policy
-  evicts.
-
-``hooks.install`` checks every target against its entry before it is patched and
-verifies every hook after; either failing stops the process.
+Imports go one way: ``vase_sglang.patches`` (the hooks and the entry point ``register``)
+imports this package, which imports the algorithm and the kernels, never the hooks
+(``tests/unit/test_import_graph.py``).
 """
-
-from __future__ import annotations
-
-import logging
-import sys
-import types
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .handoff import Exported
-
-logger = logging.getLogger("vase_sglang.plugin")
-
-
-def _role() -> str:
-    """Which SGLang process is loading the plugin, from the function that called load_plugins.
-
-    The functions SGLang's child processes run, each calling load_plugins() itself, are the
-    manifest's ``role`` entries (checked offline by name, and that they still call it); the
-    innermost one on the stack gives the role. "main" is the process that runs the
-    tokenizer manager and HTTP server: the launch_server / Engine process, or the child
-    that ``sgl.Runtime`` spawns to run launch_server (not named MainProcess, but it serves
-    requests all the same).
-    """
-    from vase_sglang.patches.manifest import role_functions
-
-    roles = role_functions()
-    frame: types.FrameType | None = sys._getframe(1)
-    while frame is not None:
-        role = roles.get(frame.f_code.co_name)
-        if role is not None:
-            return role
-        frame = frame.f_back
-    return "main"
-
-
-def main_parts(settings: Exported) -> tuple[str, ...]:
-    """The parts the main process installs once the flags are read: the flag parser; the
-    HTTP hardening with ``--kv-guards on``; the rest unless ``--kv-policy none
-    --kv-guards off``."""
-    from vase_sglang.patches.manifest import EVICTION, FLAGS, GUARDS
-
-    guards = (GUARDS,) if settings.guards else ()
-    eviction = (EVICTION,) if settings.config.evicts or settings.guards else ()
-    return (FLAGS, *guards, *eviction)
-
-
-def install_main(settings: Exported) -> tuple[str, ...]:
-    """Install the main process's parts for ``settings``; returns them."""
-    from vase_sglang.patches import hooks
-    from vase_sglang.patches.manifest import FLAGS
-
-    parts = main_parts(settings)
-    hooks.install("main", parts)
-    if parts == (FLAGS,):
-        logger.info("vase-sglang: --kv-policy none --kv-guards off: SGLang serves untouched "
-                    "(the plugin installed only its --kv-* flag parser)")
-    else:
-        logger.info("vase-sglang: main process hooks: %s", ", ".join(parts))
-    return parts
-
-
-def register() -> None:
-    from vase_sglang.patches import hooks
-    from vase_sglang.patches.manifest import EVICTION, FLAGS
-    from vase_sglang.plugin.handoff import exported
-
-    role = _role()
-    if role == "main":
-        if "sglang.srt.entrypoints.http_server" in sys.modules:
-            # sgl.Runtime's server process: its parent read the flags, and this process is
-            # already past the hook that adds the route, so add it now.
-            if EVICTION in install_main(exported()):
-                from vase_sglang.patches.io import add_kv_policy_route
-
-                add_kv_policy_route()
-        else:
-            hooks.install("main", (FLAGS,))  # the rest once the flags are read: patches/server_args.py
-    elif role == "scheduler" and exported().config.evicts:
-        hooks.install("scheduler")

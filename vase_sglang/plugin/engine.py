@@ -4,8 +4,8 @@
 ring, the score state and each row's position offset, and runs one batched round: the
 policy chooses what each region keeps, the kernels compact K and V (and a stateful
 policy's scores) into the region's first B places. It knows rows of ``req_to_token`` and
-slot indices, never SGLang's requests: the adapter (``scheduler.VaseScheduler``, a
-subclass) owns those.
+slot indices, never SGLang's requests: the adapter (``scheduler.VaseScheduler``, which
+holds one) owns those.
 
 Layouts, one row per row of ``req_to_token``:
 
@@ -29,6 +29,7 @@ import torch
 from ..config import PolicyConfig
 from ..kernels import ops
 from ..policies import Policy, Regions, Selection, carried_scores, make_policy
+from .planning import select_block_limit
 
 logger = logging.getLogger("vase_sglang.plugin.engine")
 
@@ -73,7 +74,8 @@ class RoundEngine:
         self.backend = backend
         # On a TP rank: the global index of the local KV heads (TP-invariant noise).
         self.head_offset, self.total_kv_heads = head_offset, total_kv_heads
-        self.max_select_block = max_select_block  # see planning.select_block_limit
+        # Widest selection the kernels run (planning.select_block_limit); wider ones run the torch twin.
+        self.max_select_block = select_block_limit(server_cfg) if max_select_block is None else max_select_block
         # [rows, layers, Hq, R, D]: a round's queries are then one gather by row.
         self.query_ring = (
             torch.zeros((n_rows, self.n_layers, q_heads, server_cfg.recent, self.head_dim), dtype=k_buf.dtype,

@@ -1,8 +1,9 @@
 """The server's ``--kv-*`` flags: their definitions (shown in ``--help``) and the
-server's configuration built from their values, validated once in the main process.
+server's settings built from their values (``server_settings``), validated once in the
+main process.
 
 Errors are ``PolicyConfigError`` whose text names the flag as the user typed it. The
-result reaches SGLang's other processes through ``handoff``.
+result reaches SGLang's other processes through ``settings``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from ..config import POLICY_NAMES, PolicyConfig, PolicyConfigError
 from ..registry import REGISTRY
 from .auto import BUILTIN, AutoTable, fingerprint_of_path, load_calibration, load_estimator
 from .options import AUTO, checked_seed
+from .settings import ServerSettings
 from .telemetry import SWITCH, TelemetryOptions
+
+# The flags as keyword arguments (``sglang.Engine(kv_policy=...)``, ``sgl.Runtime``) and as
+# the ``vars()`` of the parsed command line.
+ENGINE_KWARGS = ("kv_policy", "kv_budget", "kv_recent", "kv_seed", "kv_policy_config", "kv_calibration",
+                 "kv_telemetry", "kv_stop_on_loop", "kv_guards")
 
 FLAG_FOR_FIELD = {
     "policy": "--kv-policy",
@@ -116,37 +123,48 @@ def seed_from_flag(seed: Any) -> int | None:
         raise _flagged(exc) from None
 
 
-def auto_config(budget: int | None, recent: int | None, policy_config: str | Mapping[str, Any] | None,
-                calibration: str | None, model_path: str | None) -> tuple[PolicyConfig, AutoTable]:
-    """``--kv-policy auto``: the server's config (the choice at its budget) and the table.
+def server_settings(flags: Mapping[str, Any], model_path: str | None = None) -> ServerSettings:
+    """The server's settings from its ``kv_*`` flag values (keyed as ``ENGINE_KWARGS``;
+    None or absent: not given): its config and ``auto`` table (``server_config``), its
+    ``--kv-seed``, telemetry and ``--kv-guards``."""
+    cfg, auto = server_config(flags, model_path)
+    seed = seed_from_flag(flags.get("kv_seed"))
+    telemetry = telemetry_options(cfg, flags.get("kv_telemetry"), flags.get("kv_stop_on_loop"),
+                                  flags.get("kv_calibration"), auto=auto is not None)
+    return ServerSettings(cfg, seed, auto, telemetry, guards_enabled(flags.get("kv_guards")))
 
-    A calibration measured on another model, or with another ``--kv-recent``, is refused;
-    without ``--kv-recent`` the calibration's R is used.
+
+def server_config(flags: Mapping[str, Any], model_path: str | None = None) -> tuple[PolicyConfig, AutoTable | None]:
+    """The server's PolicyConfig and, with ``--kv-policy auto``, its table.
+
+    Each config field comes from its flag, else from ``--kv-policy-config`` (a field given
+    both ways is refused), else the default; ``--kv-recent`` alone may also come from the
+    ``--kv-calibration`` file, which refuses another R. With ``--kv-policy auto`` the
+    server's own config is ``auto``'s choice at ``--kv-budget``.
     """
+    policy = flags.get("kv_policy") or "none"
+    calibration = flags.get("kv_calibration")
+    table = _calibration(policy, calibration, model_path)
+    recent = flags.get("kv_recent")
+    if table is not None:
+        recent = _calibrated_recent(table, recent, str(calibration))
+    auto = (table or BUILTIN) if policy == AUTO else None
+    cfg = config_from_flags(BUILTIN.choose(0).policy if auto is not None else policy, flags.get("kv_budget"),
+                            recent, flags.get("kv_policy_config"))
+    if auto is not None:
+        cfg = cfg.replace(**auto.choose(cfg.budget).changes)
+    return cfg, auto
+
+
+def _calibration(policy: str, calibration: str | None, model_path: str | None) -> AutoTable | None:
+    """The ``--kv-calibration`` file's table, checked against the model (None: no file)."""
     if calibration is None:
-        table = BUILTIN
-    else:
-        fingerprint = _fingerprint(calibration, model_path)
-        table = load_calibration(calibration, fingerprint)  # its errors already name --kv-calibration
-        recent = _calibrated_recent(table, recent, calibration)
-    base = config_from_flags(BUILTIN.choose(0).policy, budget, recent, policy_config)
-    return base.replace(**table.choose(base.budget).changes), table
-
-
-def server_options(policy: str | None, budget: Any = None, recent: Any = None, seed: Any = None,
-                   policy_config: Any = None, calibration: str | None = None,
-                   model_path: str | None = None) -> tuple[PolicyConfig, int | None, AutoTable | None]:
-    """The server's config, ``--kv-seed`` and ``auto`` table from its flag values."""
-    if policy == AUTO:
-        cfg, table = auto_config(budget, recent, policy_config, calibration, model_path)
-        return cfg, seed_from_flag(seed), table
-    if calibration is not None:
-        if (policy or "none") == "none":
-            raise PolicyConfigError("kv_calibration", calibration,
-                                    "estimates what eviction costs: start with an evicting --kv-policy")
-        recent = _calibrated_recent(load_calibration(calibration, _fingerprint(calibration, model_path)), recent,
-                                    calibration)
-    return config_from_flags(policy or "none", budget, recent, policy_config), seed_from_flag(seed), None
+        return None
+    if policy == "none":
+        raise PolicyConfigError("kv_calibration", calibration,
+                                "estimates what eviction costs: start with an evicting --kv-policy")
+    # load_calibration's errors already name --kv-calibration
+    return load_calibration(calibration, _fingerprint(calibration, model_path))
 
 
 def _fingerprint(calibration: str, model_path: str | None) -> str | None:
@@ -178,7 +196,7 @@ def guards_enabled(value: str | None) -> bool:
 def telemetry_options(cfg: PolicyConfig, telemetry: str | None = None, stop_on_loop: Any = None,
                       calibration: str | None = None, auto: bool = False) -> TelemetryOptions:
     """``--kv-telemetry``, ``--kv-stop-on-loop`` and the KL mappings of ``--kv-calibration``
-    (already checked against the model by ``server_options``). Without ``auto`` the mappings
+    (already checked against the model by ``server_settings``). Without ``auto`` the mappings
     are the file's only use, so a file that has none is refused."""
     if telemetry not in (None, *SWITCH):
         raise _flagged(PolicyConfigError("kv_telemetry", telemetry, f"must be one of {', '.join(SWITCH)}"))

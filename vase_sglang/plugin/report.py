@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .stats import LogHistogram
 
 if TYPE_CHECKING:
-    from ..patches import contract as sg
+    from . import contract as sg
 
 
 @dataclass(frozen=True)

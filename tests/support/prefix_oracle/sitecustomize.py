@@ -24,7 +24,7 @@ def _digest(sched: Any, row: int, region_start: int) -> str:
 
     slots = sched.req_to_token_pool.req_to_token[row, :region_start].long()
     h = hashlib.sha256()
-    for buf in (sched.k_buf, sched.v_buf):
+    for buf in (sched.engine.k_buf, sched.engine.v_buf):
         h.update(buf[:, slots].contiguous().cpu().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
@@ -38,36 +38,27 @@ def _write(rid: str, event: str, digest: str) -> None:
 def _install() -> None:
     from vase_sglang.plugin.scheduler import VaseScheduler
 
-    begin_region, before_decode_alloc = VaseScheduler._begin_region, VaseScheduler.before_decode_alloc
+    begin_region, before_decode_alloc = VaseScheduler.begin_region, VaseScheduler.before_decode_alloc
 
     def _begin_region(self: VaseScheduler, req: Any) -> Any:
-        old = self._requests.get(req)
+        old = self.requests.get(req.rid)
         where = (old.row, old.generation) if old is not None else None
-        st = begin_region(self, req)
-        if (st.row, st.generation) != where:
-            _write(req.rid, "start", _digest(self, st.row, st.region_start))
-        return st
+        rec = begin_region(self, req)
+        if (rec.row, rec.generation) != where:
+            _write(req.rid, "start", _digest(self, rec.row, rec.region_start))
+        return rec
 
     def _before_decode_alloc(self: VaseScheduler, batch: Any) -> None:
-        rounds = [self.state(req).rounds for req in batch.reqs]
+        rounds = [self.record(req).rounds for req in batch.reqs]
         before_decode_alloc(self, batch)
         for req, before in zip(batch.reqs, rounds, strict=True):
-            st = self.state(req)
-            if st.rounds > before:
-                _write(req.rid, "round", _digest(self, st.row, st.region_start))
+            rec = self.record(req)
+            if rec.rounds > before:
+                _write(req.rid, "round", _digest(self, rec.row, rec.region_start))
 
-    VaseScheduler._begin_region = _begin_region  # type: ignore[method-assign]
+    VaseScheduler.begin_region = _begin_region  # type: ignore[method-assign]
     VaseScheduler.before_decode_alloc = _before_decode_alloc  # type: ignore[method-assign]
 
 
 if DIGEST_FILE:
-    import vase_sglang.plugin as _plugin
-
-    _register = _plugin.register
-
-    def _register_with_oracle() -> None:
-        _register()
-        _install()
-
-    # SGLang loads the entry point ``vase_sglang.plugin:register`` after this runs.
-    _plugin.register = _register_with_oracle
+    _install()  # plugin/scheduler.py imports torch and the kernels, not SGLang

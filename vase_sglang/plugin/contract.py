@@ -1,8 +1,8 @@
 """Every attribute of an SGLang object that vase-sglang reads, writes, overrides or names,
 as typed Protocols.
 
-``manifest.py`` lists the module-level names we hook, set, call, mirror or find on the
-stack; this module lists the data and methods we touch on SGLang's objects (request,
+``patches/manifest.py`` lists the module-level names we hook, set, call, mirror or find
+on the stack; this module lists the data and methods we touch on SGLang's objects (request,
 batch, pools, forward batch, configs, server args, request bodies, the HTTP server's
 state, the output streamer we subclass, the hook registry). The hooks and
 ``VaseScheduler`` take these Protocols as types, so mypy refuses an attribute that is not
@@ -20,14 +20,13 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import pkgutil
 import textwrap
 from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any, ClassVar, Protocol
 
 import torch
-
-from . import manifest
 
 # ---- scheduler process: requests and batches ---------------------------------------------
 
@@ -360,10 +359,10 @@ def defines(cls: type, name: str) -> bool:
 def check(protocol: type, path: str) -> list[str]:
     """One line per declared attribute the SGLang class at ``path`` does not define."""
     try:
-        cls = manifest.resolve(path)
+        cls = pkgutil.resolve_name(path)
     except Exception as exc:  # noqa: BLE001 - any import or lookup failure breaks the contract
         return [f"{path}: cannot be resolved ({type(exc).__name__}: {exc})"]
-    return [f"{path}.{name}: not defined by SGLang (declared in patches/contract.py {protocol.__name__})"
+    return [f"{path}.{name}: not defined by SGLang (declared in vase_sglang/plugin/contract.py {protocol.__name__})"
             for name in members(protocol) if not defines(cls, name)]
 
 

@@ -1,12 +1,16 @@
-"""One request's eviction state (``RequestState``) and its transitions: a region starts
-after each (re-)prefill, rounds shorten it, the report reads it.
+"""The request table of a scheduler process: one ``RequestRecord`` per request, found by
+its request id, the only place request state lives there.
 
-The scheduler keeps one per SGLang ``Req``, weakly keyed, so a finished request's state
-goes with it.
+A record holds the request's options (validated once in the tokenizer process), the seed
+of its eviction noise, its region (row, start, length), its counters and its telemetry. A
+region starts after each (re-)prefill, rounds shorten it, the report reads it. A record
+leaves the table when SGLang drops its ``Req``.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -16,14 +20,16 @@ from .report import RequestCounters
 from .telemetry import RequestTelemetry
 
 if TYPE_CHECKING:  # the SGLang attributes read here, checked against the pinned SGLang
-    from ..patches import contract as sg
+    from . import contract as sg
 
 
-@dataclass
-class RequestState:
+@dataclass(eq=False)
+class RequestRecord:
     """One request's eviction state; its region fields restart after a re-prefill."""
 
+    rid: str
     options: RequestOptions
+    seed: int  # of the request's eviction noise (options.eviction_seed)
     telemetry: RequestTelemetry
     row: int = -1  # row of req_to_token; -1 until the first decode step
     generation: int = -1  # the row's allocation count when this region started
@@ -86,3 +92,35 @@ class RequestState:
     def counters(self) -> RequestCounters:
         """The request's eviction so far, for its meta_info."""
         return RequestCounters(self.region_len, self.evicted, self.rounds, ",".join(map(str, self.reprefilled)))
+
+
+class RequestTable:
+    """The scheduler process's records by request id. A record is made on a request's
+    first sight and dropped when SGLang drops the ``Req`` (weakly tied to it), so a
+    finished or aborted request leaves nothing behind."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, RequestRecord] = {}
+
+    def get(self, rid: str) -> RequestRecord | None:
+        return self._records.get(rid)
+
+    def record(self, req: sg.Req, make: Callable[[sg.Req], RequestRecord]) -> RequestRecord:
+        """``req``'s record, made by ``make`` on first sight."""
+        rec = self._records.get(req.rid)
+        if rec is None:
+            rec = self._records[req.rid] = make(req)
+            weakref.finalize(req, self._drop, req.rid, rec)
+        return rec
+
+    def started(self, req: sg.Req) -> RequestRecord | None:
+        """``req``'s record once its region has started (its first decode step), else None."""
+        rec = self._records.get(req.rid)
+        return rec if rec is not None and rec.started else None
+
+    def _drop(self, rid: str, rec: RequestRecord) -> None:
+        if self._records.get(rid) is rec:
+            del self._records[rid]
+
+    def __len__(self) -> int:
+        return len(self._records)

@@ -5,7 +5,7 @@ loaded there, so the plugin cannot add the arguments the way it does for
 ``launch_server`` and ``sgl.Engine``. ``vase_sglang_frontend.pth`` (run at interpreter
 start-up) adds a one-shot post-import hook: when ``sglang.lang.backend.runtime_endpoint``
 is first imported, ``Runtime.__init__`` is wrapped so that it takes the ``kv_*`` keyword
-arguments (``patches.server_args.ENGINE_KWARGS``), validates them (a
+arguments (``plugin.flags.ENGINE_KWARGS``), validates them (a
 ``PolicyConfigError``, i.e. ``ValueError``, for a bad one), exports the policy to the
 server it spawns, and applies the same server defaults as the flags (overlap scheduler
 off, ``max_running_requests`` 128). The server process then loads the plugin as usual.
@@ -22,14 +22,18 @@ import sys
 from typing import Any
 
 TARGET_MODULE = "sglang.lang.backend.runtime_endpoint"
+
+
 def runtime_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Take the ``kv_*`` arguments out of ``kwargs``, export the policy, return the rest."""
-    from ..patches.server_args import ENGINE_KWARGS, policy_overrides, resolve_options
-    from .handoff import export_config
+    from vase_sglang.plugin.flags import ENGINE_KWARGS, server_settings
+    from vase_sglang.plugin.settings import export_settings
+
+    from .server_args import policy_overrides
 
     flags = {name: kwargs.pop(name, None) for name in ENGINE_KWARGS}
-    settings = resolve_options(flags, kwargs.get("model_path"))
-    export_config(*settings)  # the spawned server and its schedulers inherit the environment
+    settings = server_settings(flags, kwargs.get("model_path"))
+    export_settings(settings)  # the spawned server and its schedulers inherit the environment
     # What the flags path does to ServerArgs, given here before Runtime builds them.
     return kwargs | policy_overrides(kwargs, settings.config)
 
