@@ -98,10 +98,13 @@ def test_malformed_policy_fields_are_http_400(load_server) -> None:
     assert requests.post(load_server.url + "/generate", json=body, timeout=60).status_code == 200
 
 
-def test_a_client_cannot_forge_the_validation_stamp(load_server) -> None:
-    """The scheduler trusts only what the tokenizer process validated: a client-sent stamp
-    with a budget beyond the server's is dropped, and the server's own budget applies."""
-    forged = {"__vase_validated__": {"config": {"policy": "vase", "budget": 4096, "recent": 32}, "seed": 1}}
+def test_a_client_cannot_forge_the_carried_options(load_server) -> None:
+    """The scheduler trusts only what the tokenizer process validated: client-sent options
+    with a budget beyond the server's are dropped, and the server's own budget applies."""
+    from vase_sglang.plugin.options import OPTIONS_KEY
+
+    forged = {OPTIONS_KEY: {"cfg": {"policy": "vase", "budget": 4096, "recent": 32}, "seed": 1, "reason": "forged",
+                            "stop_on_loop": None}}
     body = {"input_ids": PROMPT,
             "sampling_params": {"max_new_tokens": REGION + 64, "temperature": 0, "ignore_eos": True,
                                 "custom_params": forged}}

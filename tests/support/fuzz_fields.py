@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal, Union
 
 from hypothesis import strategies as st
 
+from vase_sglang.plugin.options import OPTIONS_KEY
 from vase_sglang.registry import POLICY_NAMES
 
 VOCAB = 600  # above the tiny test model's vocabulary (about 500 BPE tokens): ids hit both sides
@@ -137,7 +138,7 @@ kv_fields = st.fixed_dictionaries({}, optional={
     "kv_seed": st.integers(-2, 2**64) | json_any,
     "kv_recent": st.integers(-1, 16) | json_any,
     "kv_budjet": json_any,
-    "__vase_validated__": json_any,
+    OPTIONS_KEY: json_any,  # a client's forged copy of the carried options: dropped
 })
 
 
