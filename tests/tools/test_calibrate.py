@@ -18,6 +18,7 @@ import torch
 
 from vase_sglang.calibrate import analysis
 from vase_sglang.fidelity.loop import BatchedDecoder, UnsupportedModel, check_supported, sample_teacher
+from vase_sglang.fidelity.outputs import read_json
 from vase_sglang.fidelity.sweep import ArmSpec
 
 TINY = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -140,6 +141,20 @@ def test_smallest_budget_within_the_target() -> None:
     assert analysis.smallest_within(per, 0.001) is None
 
 
+def test_the_stored_mapping_keeps_only_the_knots_that_shape_it() -> None:
+    from vase_sglang.calibrate.telemetry_fit import knots_only
+    from vase_sglang.telemetry.estimator import KLMapping, fit_isotonic
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, 200)
+    fit = fit_isotonic(x.tolist(), (x + rng.normal(0, 0.3, 200)).tolist(), "pair")
+    kept = knots_only(fit)
+    assert len(kept.x) < len(fit.x) / 2 and (kept.label, kept.points) == (fit.label, fit.points)
+    probes = [*fit.x, *rng.uniform(-0.5, 1.5, 2000).tolist()]
+    assert [kept(p) for p in probes] == [fit(p) for p in probes]  # the same function, exactly
+    assert knots_only(KLMapping((0.5,), (0.1,), "one", 1)) == KLMapping((0.5,), (0.1,), "one", 1)
+
+
 def chain_prompts(path: Path, n: int) -> Path:
     from vase_sglang.bundled.tasks.chain import ChainTask
 
@@ -167,6 +182,10 @@ def test_calibrate_end_to_end_on_the_bundled_model(tmp_path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     assert "estimated at most" in run.stdout and "## B = 64: recommended" in run.stdout
     cal = json.loads((out / "calibration.json").read_text())
+    raw = json.loads((out / "calibration.raw.json").read_text())
+    # calibration.json is the summary a server reads; the per-request and per-round data are beside it
+    assert not {"teacher", "raw"} & set(cal) and not {"points", "fits"} & set(cal["telemetry"])
+    assert set(raw) == {"teacher", "raw", "telemetry"} and set(raw["telemetry"]) == {"points", "fits"}
     assert set(cal["recommendation"]) == {"64", "256"}
     for b in ("64", "256"):
         a = cal["budgets"][b]
@@ -177,13 +196,13 @@ def test_calibrate_end_to_end_on_the_bundled_model(tmp_path) -> None:
         assert kls == sorted(kls) and all(k >= 0 for k in kls)
         assert 0 < a["evicted_share"] <= 1 and all(r["kl_ci"] is not None for r in a["policies"])
         assert f"B={b}: recommended {a['recommended']}" in run.stdout
-    ends, tokens = cal["teacher"]["ends"], cal["teacher"]["tokens"]
+    ends, tokens = raw["teacher"]["ends"], raw["teacher"]["tokens"]
     assert len(ends) == 6 and max(ends) < 1088  # 3 prompts x 2 teachers, each to its own EOS
     eos = json.loads((bundled_model_path() / "generation_config.json").read_text())["eos_token_id"]
     assert all(row[e - 1] == eos and eos not in row[: e - 1] for row, e in zip(tokens, ends, strict=True))
     assert (out / "calibration.md").read_text().startswith("# Calibration of `chain-qwen3`")
     assert (out / "calibration.png").stat().st_size > 10_000
-    _check_telemetry(cal, out)
+    _check_telemetry(read_json(out / "calibration.json"), out)
     # Resumable: a rerun finds everything done and writes the same recommendation.
     again = calibrate(*args, cwd=tmp_path)
     assert again.returncode == 0 and "(0 to run)" in again.stdout

@@ -12,7 +12,8 @@ layer, KV head and token), and reports, per layer and overall, the share whose r
 at least ``--factor`` x the median range of its (layer, head), over all tokens and over
 the generated tokens only (the ones eviction chooses among). With ``--fidelity-results``
 it runs the fidelity sweep's prompts and their greedy full-cache references instead
-(the text the SmolLM2 sweep measured).
+(the text the SmolLM2 sweep measured; their token ids are in the ``results.raw.json`` the
+sweep writes beside ``results.json``).
 """
 
 from __future__ import annotations
@@ -70,13 +71,21 @@ def chain_sequences(tok, problems: int) -> list[tuple[list[int], list[int]]]:
     return out
 
 
+def reference_tokens(results: Path) -> list[list[int]] | None:
+    """The greedy references' token ids of a fidelity run (None: its results.raw.json is gone)."""
+    from vase_sglang.fidelity.outputs import read_json
+
+    return read_json(results).get("references", {}).get("greedy", {}).get("tokens")
+
+
 def fidelity_sequences(tok, results: Path) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, greedy reference ids) of a ``python -m vase_sglang.fidelity`` run."""
     from vase_sglang.fidelity.__main__ import chat_ids
     from vase_sglang.fidelity.prompts import PROMPTS
 
-    data = json.loads(results.read_text())
-    refs = data["references"]["greedy"]["tokens"]
+    refs = reference_tokens(results)
+    if refs is None:
+        raise ValueError(f"{results}: no greedy reference tokens")
     prompts = chat_ids(tok, PROMPTS[: len(refs)])
     return list(zip(prompts, refs, strict=True))
 
@@ -111,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--factor", type=float, default=5.0, help="outlier: range >= factor x median (default: 5)")
     ap.add_argument("--fidelity-results", type=Path, default=None, metavar="JSON",
                     help="measure on the prompts and greedy references of a fidelity run's results.json "
-                         "instead of chain problems")
+                         "(and its results.raw.json) instead of chain problems")
     ap.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = ap.parse_args(argv)
     if not (args.model_path / "config.json").is_file():
@@ -120,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.exit(2, f"{ap.prog}: error: need --problems >= 1 and --factor > 1\n")
     if args.fidelity_results is not None and not args.fidelity_results.is_file():
         ap.exit(2, f"{ap.prog}: error: --fidelity-results {args.fidelity_results}: no such file\n")
+    if args.fidelity_results is not None and reference_tokens(args.fidelity_results) is None:
+        ap.exit(2, f"{ap.prog}: error: --fidelity-results {args.fidelity_results}: no reference tokens (the fidelity "
+                   f"run writes them to {args.fidelity_results.stem}.raw.json beside it; rerun it)\n")
     res = measure(args.model_path, args.problems, args.factor, args.fidelity_results)
     for part in ("all_tokens", "generated_tokens"):
         r = res[part]

@@ -15,8 +15,12 @@
    KL, their rank correlation, and the signal -> KL mappings a server with
    ``--kv-calibration`` applies to report ``kv_estimated_kl`` (``telemetry_fit``).
 
-Writes ``calibration.json`` (resumable, and what ``--kv-calibration`` reads),
-``calibration.md``, ``calibration.png`` and ``telemetry.png`` in ``--out``.
+Writes ``calibration.json`` (what ``--kv-calibration`` reads: the per-budget results, the
+recommendation and the telemetry's mappings), ``calibration.raw.json`` beside it (the
+teachers' tokens, every request's per-token means and per-round signals, the telemetry's
+points and per-pair fits: what the summary is computed from, ``RAW_PATHS``),
+``calibration.md``, ``calibration.png`` and ``telemetry.png`` in ``--out``. A rerun resumes
+from both files; with only ``calibration.json`` it measures every budget again.
 """
 
 from __future__ import annotations
@@ -43,14 +47,22 @@ from vase_sglang.fidelity.loop import (
     eos_ids,
     sample_teacher,
 )
+from vase_sglang.fidelity.outputs import raw_path, read_json, write_split
 from vase_sglang.fidelity.prompts import PROMPT_SETS
-from vase_sglang.fidelity.sweep import ArmSpec, teacher_forced, write_json
+from vase_sglang.fidelity.sweep import ArmSpec, teacher_forced
 from vase_sglang.plugin.auto import CALIBRATION_KIND, CALIBRATION_VERSION, model_fingerprint
 from vase_sglang.policies import mix_seed
 
 log = logging.getLogger("vase_sglang.calibrate")
 CHAIN_SET = "chain"  # the bundled chain-qwen3's own task (it knows no English)
 _ROW_SEED_STREAM = 11  # mix_seed tag: one noise seed per (seed, request row)
+# The parts of a calibration that go to calibration.raw.json, not calibration.json.
+RAW_PATHS = (("teacher",), ("raw",), ("telemetry", "points"), ("telemetry", "fits"))
+
+
+def save(cal_path: Path, cal: dict[str, Any]) -> None:
+    """``calibration.json`` and, beside it, ``calibration.raw.json`` (``RAW_PATHS``)."""
+    write_split(cal_path, cal, RAW_PATHS)
 
 
 def _csv(text: str, kind: type = int) -> list:
@@ -240,10 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     cal_path = args.out / "calibration.json"
     model = {"path": str(path), "model_type": config.model_type, "fingerprint": model_fingerprint(config.to_dict())}
-    cal: dict[str, Any] = json.loads(cal_path.read_text()) if cal_path.is_file() else {}
+    cal: dict[str, Any] = read_json(cal_path)
     if cal and (cal.get("setup", {}).get("signature") != signature or cal.get("model") != model):
         args.parser.error(f"--out {args.out} holds a calibration with other settings or another model; "
-                          "use another --out folder (or delete calibration.json)")
+                          "use another --out folder (or delete calibration.json and calibration.raw.json)")
     cal.update({"kind": CALIBRATION_KIND, "version": CALIBRATION_VERSION, "model": model,
                 "setup": {**signature, "signature": signature, "budgets": args.budgets,
                           "command": "python -m vase_sglang.calibrate "
@@ -268,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             tokens, ends = sample_teacher(decoder, args.tokens, eos, temperature, top_p, seed=0,
                                           on_step=lambda: bar.update(t_step))
             cal["teacher"] = {"tokens": tokens.tolist(), "ends": ends}
-            write_json(cal_path, cal)
+            save(cal_path, cal)
         else:
             bar.update(args.tokens * t_step)
         ends = cal["teacher"]["ends"]
@@ -290,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                 **{name: {"seeds": [out[s.label]["per_request"] for s in group],
                           "rounds": [out[s.label]["rounds"] for s in group],
                           "signals": [out[s.label]["signals"] for s in group]} for name, group in specs.items()}}
-            write_json(cal_path, cal)
+            save(cal_path, cal)
     finish(cal, args, cal_path, ends)
     return 0
 
@@ -313,7 +325,7 @@ def finish(cal: dict[str, Any], args, cal_path: Path, ends: list[int]) -> None:
     else:
         cal.pop("telemetry", None)
         log.warning("no per-round signals in %s (written before the telemetry existed): no KL mapping", cal_path)
-    write_json(cal_path, cal)
+    save(cal_path, cal)
     md = analysis.markdown(cal) + ("\n" + telemetry_fit.markdown(telemetry) if telemetry is not None else "")
     (args.out / "calibration.md").write_text(md)
     analysis.plot(cal, args.out / "calibration.png")
@@ -324,7 +336,8 @@ def finish(cal: dict[str, Any], args, cal_path: Path, ends: list[int]) -> None:
         print(f"B={b}: recommended {a['recommended']} "
               f"({'lead beyond the interval' if a['lead_beyond_interval'] else 'lead within the interval'})")
     print(f"wrote {cal_path} (serve it: --kv-policy auto --kv-calibration {cal_path}, or with any evicting "
-          f"--kv-policy for kv_estimated_kl), {args.out / 'calibration.md'}, {args.out / 'calibration.png'}"
+          f"--kv-policy for kv_estimated_kl), {raw_path(cal_path)}, {args.out / 'calibration.md'}, "
+          f"{args.out / 'calibration.png'}"
           + (f", {args.out / 'telemetry.png'}" if telemetry is not None else ""))
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from vase_sglang import registry
+from vase_sglang.fidelity.outputs import save_png
 from vase_sglang.registry import EVICTING
 
 # Serving configurations a calibration compares: name -> PolicyConfig changes. Every
@@ -181,5 +182,5 @@ def plot(cal: dict[str, Any], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)

@@ -16,7 +16,8 @@ per token. From the points:
   judged by leave-one-prompt-out error (fit without a prompt's requests, predict them),
   beside baselines that ignore the signal (the mean KL of the pair's, or of all, training
   requests; per-pair isotonic maps of the exposure). The model-wide mapping is served when
-  it predicts as well (held-out mean absolute error within ``AS_WELL`` of the per-pair one).
+  it predicts as well (held-out mean absolute error within ``AS_WELL`` of the per-pair one). The
+  mappings are stored as ``knots_only`` keeps them.
 
 Requests that never evict are left out: their KL is exactly 0 and the server reports 0
 for them without a mapping.
@@ -32,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from vase_sglang.fidelity.outputs import save_png
 from vase_sglang.telemetry.estimator import KLEstimator, KLMapping, fit_isotonic
 from vase_sglang.telemetry.signal import STATISTICS, EvictedAttention
 
@@ -39,6 +41,15 @@ AS_WELL = 1.05  # the model-wide mapping is served when its held-out MAE is at m
 
 
 EXPOSURE = "exposure"  # the signal-free baseline statistic
+
+
+def knots_only(mapping: KLMapping) -> KLMapping:
+    """``mapping`` without the knots inside a run of equal values. The same function
+    (between two knots of one value it interpolates to that value) in fewer numbers: an
+    isotonic fit's pooled blocks are runs of one value, so most knots go."""
+    x, y = mapping.x, mapping.y
+    keep = [i for i in range(len(x)) if i in (0, len(x) - 1) or not y[i - 1] == y[i] == y[i + 1]]
+    return KLMapping(tuple(x[i] for i in keep), tuple(y[i] for i in keep), mapping.label, mapping.points)
 
 
 def request_statistics(signals: Sequence[Sequence[Any]], end: int, row: int) -> dict[str, float | None]:
@@ -178,9 +189,10 @@ def analyse(cal: dict[str, Any], labels: dict[str, dict[str, Any]]) -> dict[str,
     pair_mae, model_mae = errors["per_config"]["mae"], errors["model"]["mae"]
     scope = "model" if model_mae is not None and pair_mae is not None and model_mae <= AS_WELL * pair_mae \
         else "per_config"
-    model_fit = fit_isotonic([x for pts in pairs.values() for x in pts[statistic]],
-                             [y for pts in pairs.values() for y in pts["kl"]], "model-wide")
-    per_config = {key: fit_isotonic(pts[statistic], pts["kl"], f"{key[0]} B={key[1]}") for key, pts in pairs.items()}
+    model_fit = knots_only(fit_isotonic([x for pts in pairs.values() for x in pts[statistic]],
+                                        [y for pts in pairs.values() for y in pts["kl"]], "model-wide"))
+    per_config = {key: knots_only(fit_isotonic(pts[statistic], pts["kl"], f"{key[0]} B={key[1]}"))
+                  for key, pts in pairs.items()}
     estimator = KLEstimator(statistic, model_fit, per_config if scope == "per_config" else {}, labels)
     points = {str(b): {label: {"prompt": pts["prompt"], "seed": pts["seed"], "evicted_attention": pts[statistic],
                                "kl": pts["kl"], "statistics": {n: pts[n] for n in (*STATISTICS, EXPOSURE)}}
@@ -265,5 +277,5 @@ def plot(tel: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)

@@ -12,8 +12,9 @@ evicted attention and estimated KL (``--kv-telemetry``, ``--kv-calibration``).
     python -m vase_sglang.eval --server http://127.0.0.1:30000 --budgets 2048,4096 \\
         --suite aime --data aime25.jsonl --k 8 --max-tokens 32768
 
-Writes ``results.json`` (every number, per sample), ``results.md`` (the table), and
-``accuracy.png`` (pass@1 against budget per policy) to ``--out``, and prints the table.
+Writes ``results.json`` (every arm's numbers), ``results.raw.json`` (every sample's, without
+its text), ``results.md`` (the table), and ``accuracy.png`` (pass@1 against budget per
+policy) to ``--out``, and prints the table.
 Exit status: 0 done, 1 server failure or rejected request, 2 bad option or dataset.
 """
 
@@ -29,9 +30,11 @@ import time
 from pathlib import Path
 
 from vase_sglang.cli import OneLineParser, positive_int
+from vase_sglang.fidelity.outputs import write_split
 from vase_sglang.registry import POLICY_NAMES
 
 PROG = "python -m vase_sglang.eval"
+RAW_PATHS = (("samples",),)  # per-sample records: results.raw.json
 
 
 def _policies(text: str) -> list[str]:
@@ -229,7 +232,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
            "sampling": vars(sampling), "model": model_path or args.server, "results": results,
            "samples": [{k: v for k, v in s.items() if k != "text"} for s in all_samples],
            "total_s": round(time.monotonic() - started, 1)}
-    (out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+    write_split(out / "results.json", doc, RAW_PATHS, indent=2)
     (out / "results.md").write_text(table + "\n\nreproduce: `" + command + "`\n")
     if args.save_outputs:
         with (out / "samples.jsonl").open("w") as f:
@@ -239,7 +242,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     print()
     print(table)
     print()
-    print(f"wrote {out / 'results.json'}, {out / 'results.md'}" + ("" if skipped else f", {out / 'accuracy.png'}"))
+    print(f"wrote {out / 'results.json'}, {out / 'results.raw.json'}, {out / 'results.md'}"
+          + ("" if skipped else f", {out / 'accuracy.png'}"))
     if skipped:
         print(skipped)
     print(f"reproduce: {command}")

@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 
 from vase_sglang.eval.runner import Arm, Sample
+from vase_sglang.fidelity.outputs import save_png
 
 
 def _mean(values: list) -> float | None:
@@ -97,6 +98,6 @@ def write_plot(results: list[dict], path: Path, title: str) -> str | None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
     plt.close(fig)
     return None

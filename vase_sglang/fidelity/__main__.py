@@ -10,7 +10,9 @@
    full cache's.
 3. Free-running greedy at ``--free-budget``: each policy's own output, its 4-gram repeat share.
 
-Writes ``results.json`` (resumable: finished parts are kept), ``results.md`` and ``fidelity.png``.
+Writes ``results.json`` (resumable: finished parts are kept), ``results.md`` and ``fidelity.png``;
+the token ids of the references and free-running outputs go to ``results.raw.json`` beside
+it (``vase_sglang.fidelity.outputs``; without it, a rerun samples the references again).
 The loop is the batched torch reference (``vase_sglang.fidelity.loop``) that the test
 suite ties to the SGLang server's log-probs; see docs/accuracy.md, *Fidelity to the full cache*.
 """
@@ -29,7 +31,7 @@ from vase_sglang.fidelity import report
 from vase_sglang.fidelity.loop import BatchedDecoder, eos_ids, generate
 from vase_sglang.fidelity.metrics import repeat_4gram_share
 from vase_sglang.fidelity.prompts import PROMPTS
-from vase_sglang.fidelity.sweep import SWEEP_POLICIES, ArmSpec, free_running, sweep_arms, teacher_forced, write_json
+from vase_sglang.fidelity.sweep import SWEEP_POLICIES, ArmSpec, free_running, sweep_arms, teacher_forced
 
 log = logging.getLogger("vase_sglang.fidelity")
 
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         teachers["sampled"] = (args.sampled_teacher, args.sampled_budgets)
     refs = results.setdefault("references", {})
     for name, (temp, budgets) in teachers.items():
-        if name not in refs:
+        if "tokens" not in refs.get(name, {}):  # none yet, or results.raw.json is gone
             t0 = time.monotonic()
             stops: list[int | None] = []
             toks = generate(decoder, decoder.new_arm("full", None, max_tokens=args.tokens), args.tokens,
@@ -145,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             refs[name] = {"temperature": temp, "tokens": toks.tolist(), "eos_top1_at": stops,
                           "text_head": [tok.decode(row[:60]) for row in toks.tolist()[:4]],
                           "seconds": time.monotonic() - t0}
-            write_json(results_path, results)
+            report.save_results(results_path, results)
             log.info("%s reference: %d x %d tokens in %.0f s", name, *toks.shape, time.monotonic() - t0)
         reference = torch.tensor(refs[name]["tokens"])
         tf = results.setdefault("teacher_forced", {}).setdefault(name, {})
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             tf[key] = teacher_forced(decoder, reference, specs, args.recent)
             tf[key]["seconds"] = time.monotonic() - t0
-            write_json(results_path, results)
+            report.save_results(results_path, results)
             report.write_all(results, args.out)
 
     if args.free_budget and "free_running" not in results:
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         greedy = refs["greedy"]["tokens"][: args.free_prompts]
         fr["full"] = {"spec": None, "repeat_4gram": sum(map(repeat_4gram_share, greedy)) / len(greedy)}
         results["free_running"] = fr
-        write_json(results_path, results)
+        report.save_results(results_path, results)
 
     report.write_all(results, args.out)
     log.info("wrote %s, %s, %s", results_path, args.out / "results.md", args.out / "fidelity.png")

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
+from vase_sglang.fidelity.outputs import read_json, save_png, write_split
+
+# Token ids of the references and of the free-running outputs: ``results.raw.json``.
+RAW_PATHS = (("references", "*", "tokens"), ("free_running", "*", "tokens"))
+
 
 def load_results(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json(path)
+
+
+def save_results(path: Path, results: dict) -> None:
+    write_split(path, results, RAW_PATHS)
 
 
 def _arms_by_config(arms: dict[str, dict]) -> dict[str, list[dict]]:
@@ -107,7 +115,7 @@ def plot(results: dict, path: Path) -> None:
     axes[0][-1].legend(fontsize=8)
     fig.suptitle(f"{Path(results['setup']['model']).name}: teacher-forced on the full cache's greedy output")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -8,12 +8,10 @@ with its own full-cache arm.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -150,9 +148,3 @@ def free_running(decoder: BatchedDecoder, specs: list[ArmSpec], recent: int, n_t
         log.info("free-running %s: 4-gram repeat share %.3f (%.0f s)", spec.label, out[spec.label]["repeat_4gram"],
                  time.monotonic() - t0)
     return out
-
-
-def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.rename(path)
