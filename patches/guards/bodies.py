@@ -3,7 +3,7 @@
 * ``GenerateReqInput.normalize_batch_and_arguments`` and the same on ``EmbeddingReqInput``
   (``/encode``, ``/classify``, ``/v1/embeddings``, ``/v1/classify``) AROUND: the native
   bodies are plain dataclasses, so a wrong type or shape (``"sampling_params": []``, a
-  string temperature, an unknown sampling field) used to surface as an IndexError or
+  string temperature, an unknown sampling field) surfaces, in SGLang alone, as an IndexError or
   TypeError and an HTTP 500. Check ``sampling_params`` against SamplingParams' own field
   types (msgspec, which SGLang already uses for them) and turn any error of the
   normalisation, which only reads the body, into a ValueError: HTTP 400 with the path.

@@ -164,7 +164,7 @@ def test_pack_builds_a_carry_within_the_limit_and_refuses_more(tmp_path: Path) -
     with zipfile.ZipFile(plugin) as z:
         names = z.namelist()
         entry_points = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    assert "vase = vase_sglang.plugin:register" in entry_points
+    assert "vase = vase_sglang.patches.entry:register" in entry_points
     assert "vase_sglang/kernels/select.py" in names and not [n for n in names if "chain-qwen3" in n]
 
 
