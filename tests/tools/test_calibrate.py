@@ -184,8 +184,9 @@ def test_calibrate_end_to_end_on_the_bundled_model(tmp_path) -> None:
     cal = json.loads((out / "calibration.json").read_text())
     raw = json.loads((out / "calibration.raw.json").read_text())
     # calibration.json is the summary a server reads; the per-request and per-round data are beside it
-    assert not {"teacher", "raw"} & set(cal) and not {"points", "fits"} & set(cal["telemetry"])
+    assert "raw" not in cal and set(cal["teacher"]) == {"ends"} and not {"points", "fits"} & set(cal["telemetry"])
     assert set(raw) == {"teacher", "raw", "telemetry"} and set(raw["telemetry"]) == {"points", "fits"}
+    assert set(raw["teacher"]) == {"tokens"}
     assert set(cal["recommendation"]) == {"64", "256"}
     for b in ("64", "256"):
         a = cal["budgets"][b]
@@ -196,7 +197,7 @@ def test_calibrate_end_to_end_on_the_bundled_model(tmp_path) -> None:
         assert kls == sorted(kls) and all(k >= 0 for k in kls)
         assert 0 < a["evicted_share"] <= 1 and all(r["kl_ci"] is not None for r in a["policies"])
         assert f"B={b}: recommended {a['recommended']}" in run.stdout
-    ends, tokens = raw["teacher"]["ends"], raw["teacher"]["tokens"]
+    ends, tokens = cal["teacher"]["ends"], raw["teacher"]["tokens"]
     assert len(ends) == 6 and max(ends) < 1088  # 3 prompts x 2 teachers, each to its own EOS
     eos = json.loads((bundled_model_path() / "generation_config.json").read_text())["eos_token_id"]
     assert all(row[e - 1] == eos and eos not in row[: e - 1] for row, e in zip(tokens, ends, strict=True))

@@ -25,7 +25,6 @@ from both files; with only ``calibration.json`` it measures every budget again.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import sys
@@ -37,7 +36,7 @@ import torch
 
 from vase_sglang.calibrate import analysis, telemetry_fit
 from vase_sglang.calibrate.analysis import CANDIDATES, STOCHASTIC
-from vase_sglang.cli import OneLineParser, positive_int
+from vase_sglang.cli import JSONLineError, OneLineParser, json_lines, positive_int
 from vase_sglang.config import PolicyConfig, PolicyConfigError
 from vase_sglang.fidelity.loop import (
     BatchedDecoder,
@@ -56,8 +55,9 @@ from vase_sglang.policies import mix_seed
 log = logging.getLogger("vase_sglang.calibrate")
 CHAIN_SET = "chain"  # the bundled chain-qwen3's own task (it knows no English)
 _ROW_SEED_STREAM = 11  # mix_seed tag: one noise seed per (seed, request row)
-# The parts of a calibration that go to calibration.raw.json, not calibration.json.
-RAW_PATHS = (("teacher",), ("raw",), ("telemetry", "points"), ("telemetry", "fits"))
+# The parts of a calibration that go to calibration.raw.json, not calibration.json (which
+# keeps the teachers' lengths, ``teacher.ends``).
+RAW_PATHS = (("teacher", "tokens"), ("raw",), ("telemetry", "points"), ("telemetry", "fits"))
 
 
 def save(cal_path: Path, cal: dict[str, Any]) -> None:
@@ -141,20 +141,17 @@ def load_prompts(args) -> tuple[list[Any], str]:
         lines = args.prompts.read_text().splitlines()
     except OSError as exc:
         args.parser.error(f"--prompts {args.prompts}: {exc.strerror}")
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            args.parser.error(f"--prompts {args.prompts} line {n}: not JSON ({exc.msg})")
-        if isinstance(item, dict) and isinstance(item.get("messages"), list):
-            out.append(item["messages"])
-        elif isinstance(item, dict) and isinstance(item.get("prompt"), str):
-            out.append(item["prompt"])
-        else:
-            args.parser.error(f'--prompts {args.prompts} line {n}: expected {{"messages": [...]}} '
-                              'or {"prompt": "..."}')
+    try:
+        for n, item in json_lines(lines):
+            if isinstance(item, dict) and isinstance(item.get("messages"), list):
+                out.append(item["messages"])
+            elif isinstance(item, dict) and isinstance(item.get("prompt"), str):
+                out.append(item["prompt"])
+            else:
+                args.parser.error(f'--prompts {args.prompts} line {n}: expected {{"messages": [...]}} '
+                                  'or {"prompt": "..."}')
+    except JSONLineError as exc:
+        args.parser.error(f"--prompts {args.prompts} line {exc.line}: not JSON ({exc.msg})")
     if not out:
         args.parser.error(f"--prompts {args.prompts}: no prompts")
     return out[: args.num_prompts], str(args.prompts)
