@@ -14,13 +14,13 @@ JSONL formats (one object per line; the first field found is used):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from vase_sglang.bundled.tasks.chain import HELD_OUT_SEED, ChainTask
 from vase_sglang.bundled.tasks.chain import grade as grade_chain
+from vase_sglang.cli import JSONLineError, json_lines
 
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 BENCHMARKS = ("aime", "math500", "gsm8k")
@@ -94,22 +94,19 @@ def load_benchmark(kind: str, path: Path, limit: int | None = None) -> list[Prob
         raise SuiteError(f"dataset file not found: {path}")
     problems = []
     with path.open() as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SuiteError(f"{path}:{line_no}: not JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise SuiteError(f"{path}:{line_no}: expected a JSON object")
-            question = _field(row, ("problem", "question"), path, line_no)
-            raw = _field(row, ("answer",), path, line_no)
-            answer = _gsm8k_answer(raw, path, line_no) if kind == "gsm8k" else raw
-            pid = str(row.get("id", row.get("unique_id", f"{kind}-{line_no}")))
-            problems.append(Problem(pid, question + MATH_SUFFIX, answer, grade_math))
-            if limit is not None and len(problems) >= limit:
-                break
+        try:
+            for line_no, row in json_lines(f):
+                if not isinstance(row, dict):
+                    raise SuiteError(f"{path}:{line_no}: expected a JSON object")
+                question = _field(row, ("problem", "question"), path, line_no)
+                raw = _field(row, ("answer",), path, line_no)
+                answer = _gsm8k_answer(raw, path, line_no) if kind == "gsm8k" else raw
+                pid = str(row.get("id", row.get("unique_id", f"{kind}-{line_no}")))
+                problems.append(Problem(pid, question + MATH_SUFFIX, answer, grade_math))
+                if limit is not None and len(problems) >= limit:
+                    break
+        except JSONLineError as e:
+            raise SuiteError(f"{path}:{e.line}: not JSON ({e.msg})") from None
     if not problems:
         raise SuiteError(f"dataset file has no problems: {path}")
     return problems
