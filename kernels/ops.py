@@ -72,19 +72,12 @@ def value_stat(v_buf: torch.Tensor, slots: torch.Tensor, stat: str, backend: str
     return _impl("value_stat", v_buf.device, backend)(v_buf, slots, stat)
 
 
-def window_attention_score(
-    queries: torch.Tensor,
-    k_buf: torch.Tensor,
-    slots: torch.Tensor,
-    temperature: float = 1.0,
-    smoothing_kernel: int = 5,
-    query_rows: torch.Tensor | None = None,
-    backend: str | None = None,
-) -> torch.Tensor:
-    """Importance of each candidate for the window queries; ``query_rows`` reads each
-    request's queries in place from a ring ``[rows, n_layers, Hq, R, D]`` (no copy)."""
-    return _impl("window_attention_score", k_buf.device, backend)(queries, k_buf, slots, temperature, smoothing_kernel,
-                                                                  query_rows)
+def window_attention_score(queries: torch.Tensor, k_buf: torch.Tensor, slots: torch.Tensor, *args: Any,
+                           backend: str | None = None, **kwargs: Any) -> torch.Tensor:
+    """SnapKV's importance of each candidate for the window queries: the other arguments
+    (``temperature``, ``smoothing_kernel``, ``query_rows``) and their defaults are those of
+    ``reference.window_attention_score`` and its Triton twin, passed through unchanged."""
+    return _impl("window_attention_score", k_buf.device, backend)(queries, k_buf, slots, *args, **kwargs)
 
 
 def window_attention_probs(queries: torch.Tensor, k_buf: torch.Tensor, slots: torch.Tensor, temperature: float = 1.0,
