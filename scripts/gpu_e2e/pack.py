@@ -1,4 +1,4 @@
-"""Build the carry of the GPU end-to-end kit: what ``run.py`` needs on the lent H200 that its image lacks.
+"""Build the carry of the GPU end-to-end kit: what ``run.py`` needs on the device tool's H200 that its image lacks.
 
     scripts/gpu_e2e/pack [--out .gpu_e2e] [--limit-mib 40]
 

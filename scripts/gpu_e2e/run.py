@@ -1,6 +1,6 @@
 """SGLang end to end on a GPU without a network: ``--kv-policy none`` against ``vase``, side by side, one call.
 
-On the lent H200 (torch 2.11, triton 3.6, no sglang, no network), from the repo root, with the
+On the device tool's H200 (torch 2.11, triton 3.6, no sglang, no network), from the repo root, with the
 carry of ``scripts/gpu_e2e/pack`` named in the device tool's ``carry``:
 
     python3 scripts/gpu_e2e/run.py --out $OUT                    # both arms, Qwen3-8B shape, B=256

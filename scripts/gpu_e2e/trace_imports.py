@@ -1,4 +1,4 @@
-"""Import SGLang's GPU serving path as the lent H200 would, on a machine without a GPU.
+"""Import SGLang's GPU serving path as the device tool's H200 would, on a machine without a GPU.
 
 Run with the carry and the H200 stand-in on PYTHONPATH and ``run.KIT_ENV`` in the environment
 (``rehearse.py`` does this). CUDA is faked (``torch.cuda.is_available``, ``torch.version.cuda``,

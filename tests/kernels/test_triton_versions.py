@@ -1,9 +1,9 @@
-"""The kernels on the other Triton the project supports (triton 3.6, what the lent H200
-machine has, as well as the 3.8 that sglang 0.5.23's torch brings).
+"""The kernels on the other Triton the project supports (triton 3.6, what the device tool's H200
+image has, as well as the 3.8 that sglang 0.5.23's torch brings).
 
 Installs triton 3.6.0 once into the cache (``pip --target``, from the package registry)
 and runs the kernel, round-cost and compile-check tests (the recording of Triton's CUDA
-specialization, which gpu_check.sh runs with the lent GPU's Triton) in the interpreter
+specialization, which gpu_check.sh runs with the GPU machine's Triton) in the interpreter
 with it first on the path.
 """
 

@@ -61,7 +61,7 @@ def test_selection_does_not_spill_at_the_papers_largest_budget(report: dict) -> 
 
 
 # The window kernel given shapes that cannot work: all 512 fp32 rows of a group of 8 at
-# R = 64 in one tile (the layout before the rows were tiled), and a head_dim block that is
+# R = 64 in one tile (more shared memory than sm_90 has), and a head_dim block that is
 # not a power of two. Compiled for sm_90 in a process without the interpreter.
 PLANTED = """
 import json, sys, torch
