@@ -287,6 +287,26 @@ def test_request_state_goes_with_the_request() -> None:
     assert sched.summary()["tracked_requests"] == 0
 
 
+def test_a_reused_request_id_gets_a_record_of_its_own() -> None:
+    """A client may reuse a finished request's id while SGLang still holds the old Req: the
+    new request runs its own options from a fresh record, and the old one's going does
+    not take the new record with it."""
+    sched = make_scheduler()
+    old = FakeReq("same", 1, 2)
+    _decode_until_round(sched, [old])
+    new = FakeReq("same", 2, 2, {"kv_policy": "streamingllm", "kv_seed": 9})
+    first = sched.record(old)
+    rec = sched.record(new)
+    assert rec is not first and (rec.cfg.policy, rec.seed, rec.rounds) == ("streamingllm", 9, 0)
+    assert sched.record(old) is first and first.rounds == 1  # the old request's report stays its own
+    assert sched.requests.started(new) is None and sched.requests.get("same") is rec
+    assert sched.summary()["tracked_requests"] == 2
+    del old, first
+    gc.collect()
+    assert sched.requests.get("same") is rec and sched.record(new) is rec
+    assert sched.summary()["tracked_requests"] == 1
+
+
 @pytest.mark.parametrize("policy", ["streamingllm", "vase"])
 def test_round_statistics_stay_bounded_over_10000_rounds(policy: str) -> None:
     """streamingllm's round only compacts; vase's also scores the window attention and the

@@ -12,7 +12,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config import PolicyConfig
 from .options import RequestOptions
@@ -97,30 +97,40 @@ class RequestRecord:
 class RequestTable:
     """The scheduler process's records by request id. A record is made on a request's
     first sight and dropped when SGLang drops the ``Req`` (weakly tied to it), so a
-    finished or aborted request leaves nothing behind."""
+    finished or aborted request leaves nothing behind. A client may reuse a finished
+    request's id while SGLang still holds the old ``Req``: each ``Req`` keeps a record of
+    its own, and ``get`` gives the newest."""
 
     def __init__(self) -> None:
-        self._records: dict[str, RequestRecord] = {}
+        self._records: dict[str, list[tuple[weakref.ref[Any], RequestRecord]]] = {}
 
     def get(self, rid: str) -> RequestRecord | None:
-        return self._records.get(rid)
+        entries = self._records.get(rid)
+        return entries[-1][1] if entries else None
+
+    def _find(self, req: sg.Req) -> RequestRecord | None:
+        return next((rec for ref, rec in self._records.get(req.rid, ()) if ref() is req), None)
 
     def record(self, req: sg.Req, make: Callable[[sg.Req], RequestRecord]) -> RequestRecord:
         """``req``'s record, made by ``make`` on first sight."""
-        rec = self._records.get(req.rid)
+        rec = self._find(req)
         if rec is None:
-            rec = self._records[req.rid] = make(req)
+            rec = make(req)
+            self._records.setdefault(req.rid, []).append((weakref.ref(req), rec))
             weakref.finalize(req, self._drop, req.rid, rec)
         return rec
 
     def started(self, req: sg.Req) -> RequestRecord | None:
         """``req``'s record once its region has started (its first decode step), else None."""
-        rec = self._records.get(req.rid)
+        rec = self._find(req)
         return rec if rec is not None and rec.started else None
 
     def _drop(self, rid: str, rec: RequestRecord) -> None:
-        if self._records.get(rid) is rec:
-            del self._records[rid]
+        entries = [e for e in self._records.get(rid, ()) if e[1] is not rec]
+        if entries:
+            self._records[rid] = entries
+        else:
+            self._records.pop(rid, None)
 
     def __len__(self) -> int:
-        return len(self._records)
+        return sum(len(entries) for entries in self._records.values())
