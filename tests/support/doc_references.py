@@ -7,8 +7,9 @@ it wherever the source answers (the tests import the installed copy; the prose d
 this one):
 
 * dotted names ``vase_sglang.<module>[.<name>...]``: the longest prefix that is a module
-  (a ``.py`` file or a package folder under ``vase_sglang/``, its links to ``kernels/``
-  and ``patches/`` included), then each further name defined in it (a top-level
+  (a ``.py`` file or a package folder under ``vase_sglang/``, or under a folder that
+  pyproject.toml's ``[tool.setuptools.package-dir]`` ships as a subpackage:
+  ``vase_sglang.kernels`` is ``kernels/``), then each further name defined in it (a top-level
   definition, assignment or import, a class member); the module is imported only when its
   source cannot say (a name it imports, a member a base class may define);
 * a name in a file: ``name`` in path.py, path.py::name, path.py:name, where path.py is a
@@ -32,9 +33,15 @@ templates, not citations. SGLang names are not checked here: ``patches/manifest.
 The prose scanned (``Checkout.scanned``): every Markdown file except ``CHANGELOG.md``,
 whose entries describe the past, and those under ``results/``, which each run wrote about
 the checkout it ran from; the comments and docstrings (any string statement) of the Python
-files under ``vase_sglang/`` (its linked ``kernels/`` and ``patches/`` read once, at the
-top level), ``scripts/``, ``tests/`` and ``loadtest/``, and of ``setup.py``; the comment
+files under ``vase_sglang/``, ``kernels/``, ``patches/``, ``scripts/``, ``tests/`` and
+``loadtest/``, and of ``setup.py``; the comment
 lines of the shell scripts, ``.ci/run`` and ``pyproject.toml``.
+
+The same prose is read for claims (``check_claims``): sentences known to be false
+(``FALSE_CLAIMS``), anywhere in it, and history (``HISTORY``) in the comments and
+docstrings of Python files, which should say what the code is, not what it was or which
+issue changed it: that belongs in ``CHANGELOG.md`` and the commit messages. The patterns
+live in code, not in prose, so this module's own lists are not read as claims.
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "vase_sglang"
@@ -93,6 +102,17 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class ClaimFinding:
+    source: str
+    line: int
+    said: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line}: says {self.said!r}: {self.why}"
+
+
+@dataclass(frozen=True)
 class Prose:
     """A run of prose from one file: a Markdown file, a docstring, adjacent comments."""
 
@@ -100,6 +120,53 @@ class Prose:
     line: int  # the line of the text's first line
     text: str
     markdown: bool = False
+
+
+def _phrase(words: str) -> re.Pattern[str]:
+    """A phrase matched case-blind, across line breaks and a comment's or docstring's indent."""
+    return re.compile(r"\b" + r"\s+".join(map(re.escape, words.split())) + r"\b", re.IGNORECASE)
+
+
+# Sentences that are false of this checkout, in any prose: pattern -> why.
+FALSE_CLAIMS: dict[re.Pattern[str], str] = {
+    _phrase("each layer knows only the one below"):
+        "a layer may import every layer below it (tests/unit/test_import_graph.py): patches/memory.py "
+        "imports vase_sglang.kernels and vase_sglang.sharding past the adapter",
+    _phrase("one short call"):
+        "not every hook is one short call: patches/memory.py re-implements SGLang's "
+        "_create_buffers_normal, and the guards check and normalise request bodies",
+}
+# An issue number of this project's tracker (the word, singular or plural, then the
+# number, with or without a hash sign), which dates the code instead of describing it.
+ISSUE = re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE)
+# The same words after another project's name are a fact about that dependency, not
+# this checkout's past (an issue URL, a path ending in the number, is no match at all).
+UPSTREAM_ISSUE = re.compile(r"\b(?:sglang|triton|torch|pytorch|transformers|upstream)(?:'s)?\s+$", re.IGNORECASE)
+# History in the comments and docstrings of Python files: pattern -> why. Precise on
+# purpose: the words of a change ("no longer", "used to", "previously") also say what code
+# does today (a target that no longer matches, the key used to sort, a previously kept
+# token), so they are left to review.
+HISTORY: dict[re.Pattern[str], str] = {
+    ISSUE: "names the issue behind the code; say what the code does (history goes in CHANGELOG.md)",
+    # The definite article, the word for a loan, then a GPU's model, "GPU" or "machine":
+    # one loan of a device machine, not the machine.
+    re.compile(r"\bthe\s+lent\s+(?:[A-Z]\d+|GPU|machine)", re.IGNORECASE):
+        "names one loan of a machine; name the machine (its image, its versions)",
+}
+
+
+def claims_in(prose: Prose) -> Iterator[ClaimFinding]:
+    """The false claims in one run of prose: ``FALSE_CLAIMS`` anywhere, ``HISTORY`` in the
+    comments and docstrings of a Python file."""
+    patterns = list(FALSE_CLAIMS.items())
+    if prose.source.endswith(".py") and not prose.markdown:
+        patterns += HISTORY.items()
+    for pattern, why in patterns:
+        for m in pattern.finditer(prose.text):
+            if pattern is ISSUE and UPSTREAM_ISSUE.search(prose.text, max(0, m.start() - 24), m.start()):
+                continue
+            line = prose.line + prose.text.count("\n", 0, m.start())
+            yield ClaimFinding(prose.source, line, " ".join(m.group().split()), why)
 
 
 class Checkout:
@@ -157,8 +224,6 @@ class Checkout:
         for name in sorted(self.files):
             top, _, rest = name.partition("/")
             suffix = posixpath.splitext(name)[1]
-            if name.startswith(f"{PACKAGE}/") and (self.root / PACKAGE / rest.partition("/")[0]).is_symlink():
-                continue  # read once, under its own top-level folder
             if suffix == ".md" and name != "CHANGELOG.md" and top != "results":
                 yield Prose(name, 1, (self.root / name).read_text(encoding="utf-8"), markdown=True)
             elif suffix == ".py" and (rest and top in PYTHON_TREES or name == "setup.py"):
@@ -305,9 +370,22 @@ class Checker:
 
     # -- dotted names -----------------------------------------------------------------------
 
+    @cached_property
+    def package_dirs(self) -> dict[str, str]:
+        """pyproject.toml's ``[tool.setuptools.package-dir]``: package -> its folder."""
+        file = self.checkout.root / "pyproject.toml"
+        if not file.is_file():
+            return {}
+        dirs = tomllib.loads(file.read_text(encoding="utf-8")).get("tool", {}).get("setuptools", {})
+        return {package: folder for package, folder in dirs.get("package-dir", {}).items() if package}
+
     def module_path(self, dotted: str) -> str | None:
         """The file (or namespace folder) of module ``dotted`` in the checkout, or None."""
         base = dotted.replace(".", "/")
+        shipped = [package for package in self.package_dirs if dotted == package or dotted.startswith(package + ".")]
+        if shipped:
+            package = max(shipped, key=len)
+            base = self.package_dirs[package] + dotted[len(package):].replace(".", "/")
         for candidate in (f"{base}.py", f"{base}/__init__.py"):
             if candidate in self.checkout.files:
                 return candidate
@@ -513,3 +591,8 @@ def check(root: Path = ROOT) -> list[Finding]:
 def check_text(text: str, source: str = "<text>", markdown: bool = True, root: Path = ROOT) -> list[Finding]:
     """The false citations in ``text``, read as a Markdown file at ``source``."""
     return Checker(Checkout(root)).check([Prose(source, 1, text, markdown=markdown)])
+
+
+def check_claims(root: Path = ROOT) -> list[ClaimFinding]:
+    """Every false claim and every history note in the prose of the checkout at ``root``."""
+    return [finding for prose in Checkout(root).scanned() for finding in claims_in(prose)]
