@@ -37,6 +37,8 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
+from .backends import BACKEND_CLASSES
+
 SGLANG_VERSION = "0.5.23"
 
 BEFORE, AFTER, AROUND, REPLACE = "before", "after", "around", "replace"
@@ -58,6 +60,20 @@ PROCESSES = ("main", "scheduler", "other")
 # and --kv-guards off, where the plugin steps aside and SGLang serves untouched.
 FLAGS, EVICTION, GUARDS = "flags", "eviction", "guards"
 PARTS = (FLAGS, EVICTION, GUARDS)
+
+
+# The parameters of each backend's forward_decode and forward_extend.
+_ATTENTION = ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache")
+BACKEND_PARAMS = {"torch_native": _ATTENTION, "triton": (*_ATTENTION, "sinks", "score_mod", "aux_tensors"),
+                  "flashinfer": _ATTENTION}
+
+# The OpenAI serving classes (under sglang.srt.entrypoints.openai), their response builder,
+# their stream and the route they serve; patches/openai_meta.py hooks both of each.
+OPENAI_ROUTES = (
+    ("serving_chat.OpenAIServingChat", "_build_chat_response", "_generate_chat_stream", "/v1/chat/completions"),
+    ("serving_completions.OpenAIServingCompletion", "_build_completion_response", "_generate_completion_stream",
+     "/v1/completions"),
+)
 
 
 @dataclass(frozen=True)
@@ -128,18 +144,14 @@ MANIFEST: tuple[Target, ...] = (
            "add GET /kv_policy to the app",
            ("server_args", "init_tokenizer_manager_func", "run_scheduler_process_func",
             "run_detokenizer_process_func", "execute_warmup_func", "launch_callback")),
-    Target("sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._build_chat_response", AROUND, "main",
-           "non-streaming /v1/chat/completions: the choices' kv_* fields in the response's metadata.kv",
+    # The two OpenAI routes, each hooked the same way: the response builder and the stream.
+    *(Target(f"sglang.srt.entrypoints.openai.{serving}.{method}", AROUND, "main", f"{why} {route}: {what}", params)
+      for serving, builder, stream, route in OPENAI_ROUTES
+      for method, why, what, params in (
+          (builder, "non-streaming", "the choices' kv_* fields in the response's metadata.kv",
            ("self", "request", "ret", "created")),
-    Target("sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._build_completion_response",
-           AROUND, "main", "non-streaming /v1/completions: the choices' kv_* fields in metadata.kv",
-           ("self", "request", "ret", "created")),
-    Target("sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._generate_chat_stream", AROUND, "main",
-           "streaming /v1/chat/completions: a last chunk before [DONE] with metadata.kv",
-           ("self", "adapted_request", "request", "raw_request")),
-    Target("sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._generate_completion_stream",
-           AROUND, "main", "streaming /v1/completions: a last chunk before [DONE] with metadata.kv",
-           ("self", "adapted_request", "request", "raw_request")),
+          (stream, "streaming", "a last chunk before [DONE] with metadata.kv",
+           ("self", "adapted_request", "request", "raw_request")))),
     Target("sglang.srt.entrypoints.engine.Engine.server_args_class", SET, "main",
            "sglang.Engine(kv_policy=...): a factory that takes the kv_* keyword arguments",
            expect="class", part=FLAGS),
@@ -200,24 +212,13 @@ MANIFEST: tuple[Target, ...] = (
            "decode positions += delta: RoPE positions stay logical",
            ("cls", "batch", "model_runner", "capture_hidden_mode", "return_hidden_states_before_norm",
             "extend_position_info", "spec_mrope_positions", "kv_loc_plan", "write_cols")),
-    Target("sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_decode", AROUND,
-           "scheduler", "record each layer's post-RoPE decode query in the ring",
-           ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache")),
-    Target("sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_decode", AROUND, "scheduler",
-           "record each layer's post-RoPE decode query in the ring",
-           ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache", "sinks", "score_mod", "aux_tensors")),
-    Target("sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend.forward_decode", AROUND,
-           "scheduler", "record each layer's post-RoPE decode query in the ring",
-           ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache"), needs="flashinfer"),
-    Target("sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend", AROUND,
-           "scheduler", "record the last R post-RoPE queries of each prefill: a re-prefilled region's first round "
-           "runs at once", ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache")),
-    Target("sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend", AROUND, "scheduler",
-           "record the last R post-RoPE queries of each prefill",
-           ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache", "sinks", "score_mod", "aux_tensors")),
-    Target("sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend.forward_extend", AROUND,
-           "scheduler", "record the last R post-RoPE queries of each prefill",
-           ("self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache"), needs="flashinfer"),
+    # Query capture on each attention backend of backends.py: its decode and its extend.
+    *(Target(f"{cls}.{method}", AROUND, "scheduler", why, BACKEND_PARAMS[name],
+             needs="flashinfer" if name == "flashinfer" else None)
+      for method, why in (("forward_decode", "record each layer's post-RoPE decode query in the ring"),
+                          ("forward_extend", "record the last R post-RoPE queries of each prefill: a re-prefilled "
+                                             "region's first round runs at once"))
+      for name, cls in BACKEND_CLASSES.items()),
     # ---- scheduler: radix tree -------------------------------------------------------------
     Target("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint", BEFORE, "scheduler",
            "never publish a compacted region (its columns hold other positions' KV) to the tree",
