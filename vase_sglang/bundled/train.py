@@ -252,7 +252,7 @@ def _previous_run(args: argparse.Namespace) -> dict:
     if args.init_from is None:
         return {}
     record = json.loads((args.init_from / "training.json").read_text())
-    # The shipped chain-qwen3 keeps its log outside the package (results/chain-training).
+    # The shipped chain-qwen3 carries no log (results/chain-training holds its held-out checks).
     log_path = args.init_from / "train_log.jsonl"
     log = log_path.read_text().splitlines(keepends=True) if log_path.is_file() else []
     return {"log": log, "steps": record["steps"], "tokens": record["tokens"],
