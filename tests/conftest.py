@@ -4,7 +4,9 @@ Without a GPU the Triton kernels run under the interpreter; the variable must be
 before any kernel module is imported, which is why it is set here, at collection time.
 Tests are grouped by layer: ``unit/`` (algorithm, adapter and glue, no server),
 ``kernels/``, ``tools/`` (what a user runs beside the server) and ``e2e/`` (real CPU
-servers); shared fakes, constants and server helpers live in ``support/``.
+servers); shared fakes, constants and server helpers live in ``support/``. Across the
+layers, the markers ``server``, ``slow`` and ``gpu`` (pyproject.toml) select what a test
+needs; a ``gpu`` test is skipped where CUDA is missing.
 """
 
 from __future__ import annotations
@@ -25,3 +27,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory):
     from vase_sglang.bundled.tiny_model import build_tiny_qwen3
 
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (scripts/gpu_check.sh runs it)")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(no_gpu)

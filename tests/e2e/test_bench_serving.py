@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
-
 REPO = Path(__file__).resolve().parents[2]
 MODULE = "vase_sglang.bench.serving"
 POOL, REQUESTS, OUTPUT_LEN = 400, 2, 256
@@ -65,6 +63,7 @@ def test_help_and_bad_options(tmp_path: Path) -> None:
         assert len(lines) == 1 and "error:" in lines[0] and needle in lines[0], (args, bad.stderr)
 
 
+@pytest.mark.server
 def test_serving_benchmark_both_arms(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", MODULE, "--model-path", str(tiny_model), "--device", "cpu", "--pools", str(POOL),

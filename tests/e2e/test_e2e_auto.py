@@ -12,11 +12,11 @@ import json
 import pytest
 import requests
 from support.e2e import greedy, launch
-from support.server import Server
+from support.server import ServerConfig, shared_server
 
 from vase_sglang.plugin.auto import CALIBRATION_KIND, model_fingerprint
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.server
 
 R = 32
 TABLE = {"64": {"policy": "snapkv", "label": "snapkv"},
@@ -31,13 +31,10 @@ def calibration(path, model, fingerprint: str | None = None):
     return path
 
 
-@pytest.fixture(scope="module")
-def auto_server(request, tiny_model, server_dir):
+@shared_server
+def auto_server(tiny_model, server_dir) -> ServerConfig:
     cal = calibration(server_dir / "auto-calibration.json", tiny_model)
-    srv = Server("auto", tiny_model, server_dir, "--kv-policy", "auto", "--kv-calibration", str(cal),
-                 "--kv-budget", "128")
-    request.addfinalizer(srv.stop)  # stop what we start, by its process group
-    return srv.start()
+    return ServerConfig("auto", ("--kv-policy", "auto", "--kv-calibration", str(cal), "--kv-budget", "128"))
 
 
 def test_each_request_runs_the_recommendation_for_its_budget_and_says_why(auto_server) -> None:

@@ -12,7 +12,7 @@ import pytest
 from support.constants import PROMPT, REGION
 from support.server import cpu_env
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.server
 
 # The CPU engine's settings as keyword arguments (server_process.CPU_FLAGS as flags).
 CPU_KWARGS = dict(device="cpu", attention_backend="torch_native", disable_cuda_graph=True, mem_fraction_static=0.1,

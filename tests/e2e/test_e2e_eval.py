@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.server
 
 FULL_CACHE_MIN = 0.75  # stated threshold: >= 6 of 8 problems right with the full cache
 MARGIN = 0.40  # streamingllm at B=128 must be at least 40 points below

@@ -45,7 +45,7 @@ from support.server import STRICT_ENV, TEST_FLAGS, Server
 
 from vase_sglang.cluster import Cluster, Gateway, prefix_hit_rate, worker_metrics
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.server
 
 PREFIXES = [" ".join(f"rule {i} step {j} says keep the value {(i * 7 + j) % 10}." for j in range(30))
             for i in range(16)]

@@ -27,21 +27,18 @@ from hypothesis import strategies as st
 from support import fuzz_fields
 from support.constants import PROMPT
 from support.e2e import record, tokens, wait_idle
+from support.server import ServerConfig, shared_server
 
 from vase_sglang.patches.guards.bodies import check_logprob_start, check_prompt_ids, check_top_logprobs
-
-pytestmark = pytest.mark.e2e
 
 CONTEXT = 160  # bounds each generation; rounds still run (region 32 + 8)
 FUZZ_ARGS = ("--kv-policy", "vase", "--kv-budget", "32", "--kv-recent", "8", "--kv-seed", "3",
              "--context-length", str(CONTEXT))
 
 
-@pytest.fixture(scope="module")
-def guard_server(request, tiny_model, server_dir):
-    from support.server import start_server
-
-    return start_server(request, "guards", tiny_model, server_dir, *FUZZ_ARGS)
+@shared_server
+def guard_server(tiny_model, server_dir) -> ServerConfig:
+    return ServerConfig("guards", FUZZ_ARGS)
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +166,7 @@ OOV = -1000  # replaced by the model's vocabulary size
     ("/api/generate", {"model": "m", "prompt": "hi", "stream": False, "options": {"top_k": 10**12}},
      "sampling_params.top_k = 1000000000000: out of range"),
 ])
+@pytest.mark.server
 def test_bad_input_is_a_400_naming_the_field(guard_server, baseline, vocab, path: str, body: dict,
                                              field: str) -> None:
     body = json.loads(json.dumps(body).replace(str(OOV), str(vocab)))
@@ -193,6 +191,7 @@ TWO_TOKENS = {"max_new_tokens": 2, "n": 2}
     ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
                               "max_tokens": 2, "n": 2}, 2),
 ])
+@pytest.mark.server
 def test_parallel_sampling_and_batch_forms_are_served(guard_server, path: str, body: dict, answers: int) -> None:
     r = requests.post(guard_server.url + path, json=body, timeout=120)
     assert r.status_code == 200, (r.status_code, r.text[:500])
@@ -208,13 +207,14 @@ NONE_ARGS = ("--kv-policy", "none", "--context-length", str(CONTEXT))
 REPORT: dict[str, dict[str, Any]] = defaultdict(lambda: {"status": defaultdict(Counter), "fatal": None})
 
 
-@pytest.fixture(scope="module", params=["vase", "none"])
-def fuzz_server(request, tiny_model, server_dir):
-    if request.param == "vase":
-        return request.getfixturevalue("guard_server")
-    from support.server import start_server
+@shared_server
+def guards_none_server(tiny_model, server_dir) -> ServerConfig:
+    return ServerConfig("guards-none", NONE_ARGS)
 
-    return start_server(request, "guards-none", tiny_model, server_dir, *NONE_ARGS)
+
+@pytest.fixture(scope="module", params=["guard_server", "guards_none_server"], ids=["vase", "none"])
+def fuzz_server(request):
+    return request.getfixturevalue(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -283,6 +283,7 @@ def test_every_client_route_is_fuzzed_or_named_an_operator_route() -> None:
     assert len(fuzz_fields.generate_fields()) >= 60  # GenerateReqInput's fields, not a hand-picked few
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("path", fuzz_fields.MAIN)
 def test_fuzzed_bodies_never_get_a_5xx(fuzz_server, fuzz_baseline, path: str) -> None:
     routes = fuzz_fields.serving_routes()
@@ -295,6 +296,7 @@ def test_fuzzed_bodies_never_get_a_5xx(fuzz_server, fuzz_baseline, path: str) ->
 KNOWN_5XX: frozenset[str] = frozenset()  # routes allowed a 5xx: none
 
 
+@pytest.mark.server
 def test_every_other_client_route_never_gets_a_5xx(fuzz_server, fuzz_baseline) -> None:
     """Every other client route: the server never dies; no 5xx outside ``KNOWN_5XX``."""
     failures = {}
@@ -312,6 +314,7 @@ def test_every_other_client_route_never_gets_a_5xx(fuzz_server, fuzz_baseline) -
     assert set(failures) <= KNOWN_5XX, json.dumps({p: f for p, f in failures.items() if p not in KNOWN_5XX}, indent=1)
 
 
+@pytest.mark.server
 def test_after_the_fuzz_the_server_answers_as_before(fuzz_server, fuzz_baseline) -> None:
     assert fuzz_server.alive()
     assert tokens(_normal(fuzz_server)) == fuzz_baseline

@@ -15,7 +15,7 @@ import requests
 from support.constants import PROMPT, REGION
 from support.e2e import greedy, wait_idle
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.server
 
 LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtest" / "locustfile.py"
 

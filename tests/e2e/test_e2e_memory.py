@@ -9,7 +9,7 @@ import pytest
 from support.constants import ADMISSION_POOL, PROMPT, REGION
 from support.e2e import assert_matches_reference, greedy, record, wait_idle
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.server
 
 
 def test_no_leaks_across_retraction(retract_server) -> None:

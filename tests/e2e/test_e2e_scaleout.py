@@ -11,16 +11,15 @@ import pytest
 import requests
 from support.constants import PROMPT, REGION, VASE_ARGS
 from support.e2e import greedy, wait_idle
-from support.server import start_server
+from support.server import ServerConfig, shared_server
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.server
 
 
-@pytest.fixture(scope="module")
-def dp_server(request, tiny_model, server_dir):
+@shared_server
+def dp_server(tiny_model, server_dir) -> ServerConfig:
     # One CPU core per rank; SGLang asks for an explicit binding with more ranks than NUMA nodes.
-    return start_server(request, "dp2", tiny_model, server_dir, *VASE_ARGS, "--dp-size", "2",
-                   env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
+    return ServerConfig("dp2", (*VASE_ARGS, "--dp-size", "2"), env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
 
 
 def test_data_parallel_ranks_each_evict(dp_server) -> None:

@@ -16,7 +16,7 @@ import torch
 from support.constants import PROMPT, REGION, B, R
 from support.e2e import assert_matches_reference, greedy, launch, prefix_digests, tokens, wait_idle
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.server
 
 def test_help_lists_kv_flags() -> None:
     out = launch("--help")

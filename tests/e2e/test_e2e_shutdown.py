@@ -23,8 +23,6 @@ from support.server import Server
 
 from vase_sglang.patches.guards.lifecycle import DRAIN_ENV, drain_timeout
 
-pytestmark = pytest.mark.e2e
-
 DRAIN_SECONDS = 3
 EXIT_WITHIN = DRAIN_SECONDS + 5 + 25  # the drain, SGLang's 5 s watchdog poll, the schedulers' release
 
@@ -40,6 +38,7 @@ def test_drain_timeout_reads_the_environment(monkeypatch: pytest.MonkeyPatch) ->
             drain_timeout()
 
 
+@pytest.mark.server
 def test_sigterm_during_rounds_exits_cleanly_within_the_timeout(tiny_model, server_dir) -> None:
     srv = Server("shutdown", tiny_model, server_dir, *VASE_ARGS, env={DRAIN_ENV: str(DRAIN_SECONDS)}).start()
     try:

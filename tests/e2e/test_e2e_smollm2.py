@@ -16,7 +16,7 @@ import pytest
 import torch
 from support.e2e import greedy, tokens, wait_idle
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.server
 
 B, R, SEED = 128, 32, 7
 REGION = B + R

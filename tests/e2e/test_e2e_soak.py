@@ -17,7 +17,7 @@ from support.e2e import record
 
 from vase_sglang.bench import soak
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.server
 
 LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtest" / "locustfile.py"
 

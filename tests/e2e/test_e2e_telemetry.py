@@ -29,7 +29,7 @@ from vase_sglang.config import PolicyConfig
 from vase_sglang.policies import make_policy
 from vase_sglang.telemetry import EvictedAttention, Loop, LoopDetector
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.server
 
 ROOT = Path(__file__).resolve().parents[2]
 SIGNAL_TOL = 1e-5

@@ -13,7 +13,7 @@ import pytest
 import requests
 from support.e2e import greedy, tokens
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.server
 
 B, R, N = 32, 16, 112  # rounds at 48, 64, 80 and 96 generated tokens
 ARGS = ("--kv-policy", "vase", "--kv-budget", str(B), "--kv-recent", str(R), "--kv-seed", "3")

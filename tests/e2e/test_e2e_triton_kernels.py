@@ -24,7 +24,7 @@ import pytest
 from support.constants import PROMPT
 from support.e2e import assert_matches_reference, greedy, wait_idle
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.server
 
 N_NEW = 300  # five rounds, and re-prefills before and after the first
 

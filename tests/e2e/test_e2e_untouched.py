@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import requests
 from support.constants import PROMPT
-from support.server import start_server
+from support.server import ServerConfig, shared_server
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.server
 
 # Keys whose values differ between any two runs of the same request: ids, clocks.
 VOLATILE = {"id", "created", "e2e_latency", "response_sent_to_client_ts", "request_received_ts",
@@ -38,15 +38,16 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def untouched(request, tiny_model, server_dir):
-    return start_server(request, "untouched", tiny_model, server_dir, "--kv-policy", "none", "--kv-guards", "off")
+# Fresh for this module: no other test uses either configuration.
+@shared_server
+def untouched(tiny_model, server_dir) -> ServerConfig:
+    return ServerConfig("untouched", ("--kv-policy", "none", "--kv-guards", "off"))
 
 
-@pytest.fixture(scope="module")
-def stock(request, tiny_model, server_dir):
+@shared_server
+def stock(tiny_model, server_dir) -> ServerConfig:
     # SGLang loads only the plugins SGLANG_PLUGINS names: none of ours.
-    return start_server(request, "stock", tiny_model, server_dir, env={"SGLANG_PLUGINS": "not-vase"})
+    return ServerConfig("stock", env={"SGLANG_PLUGINS": "not-vase"})
 
 
 def _answer(server, path: str, body: dict[str, Any]) -> tuple[int, Any]:

@@ -130,6 +130,7 @@ def _free_gpu_bytes() -> int:
     return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(_free_gpu_bytes() < 45e9, reason="needs a GPU with 45 GB free (scripts/gpu_check.sh runs it)")
 def test_kernels_at_a_real_pool_size() -> None:
     import math

@@ -20,7 +20,7 @@ from vase_sglang.models import cache_dir
 
 OTHER_TRITON = "3.6.0"
 TESTS = Path(__file__).resolve().parent
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.slow
 
 
 def _install(version: str) -> Path:

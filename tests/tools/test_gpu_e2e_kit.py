@@ -143,7 +143,7 @@ def test_the_shapes_are_the_qwen3_configs_transformers_reads(tmp_path: Path) -> 
             cfg.head_dim, cfg.hidden_size) == ("qwen3", 36, 32, 8, 128, 4096)
 
 
-@pytest.mark.e2e
+@pytest.mark.slow
 def test_pack_builds_a_carry_within_the_limit_and_refuses_more(tmp_path: Path) -> None:
     pack_cmd = [str(KIT / "pack"), "--out", str(tmp_path / "carry")]
     refused = subprocess.run([*pack_cmd, "--limit-mib", "5"], capture_output=True, text=True, timeout=1800)
@@ -168,7 +168,7 @@ def test_pack_builds_a_carry_within_the_limit_and_refuses_more(tmp_path: Path) -
     assert "vase_sglang/kernels/select.py" in names and not [n for n in names if "chain-qwen3" in n]
 
 
-@pytest.mark.e2e
+@pytest.mark.server
 def test_cpu_rehearsal_of_the_whole_kit(tmp_path: Path) -> None:
     """pack from this checkout, then rehearse.py: the H200's packages, the carry, the import trace under
     a faked CUDA, and run.py on SGLang's CPU engine (bundled model in both arms; random weights with

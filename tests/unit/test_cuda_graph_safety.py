@@ -44,6 +44,7 @@ def test_capturing_is_false_outside_a_capture() -> None:
     assert scheduler_module._capturing() is False
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
 def test_capturing_is_true_inside_a_capture() -> None:
     seen = []
@@ -140,6 +141,7 @@ def test_sglang_replay_copies_what_the_hooks_change() -> None:
         "sglang.srt.model_executor.forward_batch_info:ForwardBatch.init_new")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (scripts/gpu_check.sh runs it)")
 def test_query_recording_under_a_real_cuda_graph() -> None:
     """The same property with torch.cuda.graph: capture once, replay after the per-row
