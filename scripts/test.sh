@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Sets up .venv (first run: ~6 min, ~11 GB for sglang 0.5.23 and torch), checks the
 # tree with ruff and mypy (the package and tests/support), and runs the whole test
-# suite, end-to-end tests included.
-# Extra arguments go to pytest.
+# suite, the server tests included, then prints the wall time of it all, set-up included.
+# Extra arguments go to pytest (docs/testing.md: how to run one layer or marker alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SECONDS=0
+trap 'echo "scripts/test.sh: ${SECONDS} s in all ($((SECONDS / 60)) min $((SECONDS % 60)) s), set-up ${setup_s:-?} s"' EXIT
 bash scripts/setup.sh test
+setup_s=$SECONDS
 set +e
 .venv/bin/ruff check .
 lint=$?
