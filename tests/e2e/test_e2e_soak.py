@@ -1,10 +1,12 @@
 """Soak, short version (results/README.md documents the long run).
 
-90 s of the mixed Locust load (long and short outputs, shared prefix, n > 1, client
-disconnects, per-request overrides) against a server with SGLang's leak checks on,
-through ``python -m vase_sglang.bench.soak``: RSS at most 32 MiB above its value after the
-warm-up, 0 KV slots in use when idle, 0 HTTP 5xx, no crash, a bounded ``/kv_policy``
-payload.
+90 s of the mixed Locust load (8 users; long outputs of 150 tokens and short ones of 16,
+shared prefix, n > 1, client disconnects, per-request overrides) against a server on the
+bundled model with SGLang's leak checks on (``--kv-budget 96 --kv-recent 32``), run in
+this process by ``vase_sglang.bench.soak.run``, the function behind ``python -m
+vase_sglang.bench.soak``: RSS at most 32 MiB above its value after the 30 s warm-up, 0 KV
+slots in use when idle, 0 HTTP 5xx, no crash, a bounded ``/kv_policy`` payload; at least
+50 requests, none failed.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def test_short_soak_is_flat_and_leak_free(tmp_path: Path) -> None:
                                       "telemetry": mix["all"] if mix else None})
     assert v["rss_growth_mib"] <= soak.MAX_RSS_GROWTH_MIB
     assert v["pass"], json.dumps({**v, "errors": result["locust"]["errors"]}, indent=1)
-    # SGLang's leak checks slow the server down: about 40 requests of 400 tokens fit in 90 s.
+    # SGLang's leak checks slow the server down; results/reliability/soak-short.json recorded
+    # 123 requests in the 90 s (0 failed), so 50 leaves room for a slower machine.
     assert result["locust"]["requests"] >= 50 and result["locust"]["failures"] == 0
     assert set(result["locust"]["by_name"]) >= {"abort", "override", "prefix", "long", "n"}
     assert result["samples"][-1]["rounds"] > 0  # rounds ran throughout
