@@ -52,8 +52,5 @@ class FinishedFields:
         """The request's fields, removed ({} when none are held)."""
         return self._fields.pop(rid, {})
 
-    def __len__(self) -> int:
-        return len(self._fields)
-
 
 finished = FinishedFields()  # main process

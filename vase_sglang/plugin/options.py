@@ -55,7 +55,7 @@ class RequestOptions:
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON-safe form carried in ``custom_params[OPTIONS_KEY]``."""
-        return {**dataclasses.asdict(self), "cfg": self.cfg.to_dict()}
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, "cfg": self.cfg.to_dict()}
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> RequestOptions:

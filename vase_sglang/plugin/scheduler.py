@@ -32,7 +32,7 @@ from ..telemetry import Loop
 from . import metrics
 from .engine import RoundEngine
 from .options import carried_options, eviction_seed
-from .planning import MAX_ROUND_BATCH, warmup_configs
+from .planning import MAX_ROUND_BATCH, captures_queries, keeps_state, warmup_configs
 from .report import PolicyChoice, RequestCounters, Totals
 from .requests import RequestRecord, RequestTable
 from .settings import ServerSettings
@@ -335,8 +335,6 @@ def build_engine(settings: ServerSettings, k_buf: torch.Tensor, v_buf: torch.Ten
                  total_kv_heads: int | None = None) -> RoundEngine:
     """The round engine a server with ``settings`` needs: a query ring when a reachable
     policy or the telemetry reads queries, a score state when a reachable policy is stateful."""
-    from .planning import captures_queries, keeps_state
-
     cfg, auto, telemetry = settings.config, settings.auto, settings.telemetry.enabled
     return RoundEngine(cfg, k_buf, v_buf, n_rows, q_heads, captures_queries(cfg, auto, telemetry),
                        keep_state=keeps_state(cfg, auto, telemetry), backend=backend, head_offset=head_offset,
