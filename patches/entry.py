@@ -9,7 +9,10 @@ imports its module, and of the parts its settings switch on (``part``):
   (``guards/``) with ``--kv-guards on``, the argument, request and reporting hooks unless
   ``--kv-policy none --kv-guards off``, where SGLang serves untouched;
 * a scheduler gets the decode, memory and tree hooks, only when the server's policy
-  evicts.
+  evicts;
+* with ``SGLANG_USE_CPU_ENGINE=1``, whatever the policy, the processes it names get the
+  fixes of SGLang's CPU engine (``cpu_engine.py``; the data-parallel controller gets
+  nothing else).
 
 ``hooks.install`` checks every target against its entry before it is patched and
 verifies every hook after; either failing stops the process.
@@ -21,10 +24,11 @@ import logging
 import sys
 import types
 
+from vase_sglang.plugin.cpu_mode import cpu_engine_requested
 from vase_sglang.plugin.settings import ServerSettings, imported_settings
 
 from . import hooks
-from .manifest import EVICTION, FLAGS, GUARDS, role_functions
+from .manifest import CPU_ENGINE, EVICTION, FLAGS, GUARDS, role_functions
 
 logger = logging.getLogger("vase_sglang.patches")
 
@@ -47,6 +51,12 @@ def process_role() -> str:
             return role
         frame = frame.f_back
     return "main"
+
+
+def cpu_engine_parts() -> tuple[str, ...]:
+    """The CPU engine's fixes (``patches/cpu_engine.py``) where ``SGLANG_USE_CPU_ENGINE=1``,
+    whatever the policy: they fix SGLang's engine on a CPU host, not eviction."""
+    return (CPU_ENGINE,) if cpu_engine_requested() else ()
 
 
 def main_parts(settings: ServerSettings) -> tuple[str, ...]:
@@ -82,5 +92,9 @@ def register() -> None:
                 add_kv_policy_route()
         else:
             hooks.install("main", (FLAGS,))  # the rest once the flags are read: server_args.py
-    elif role == "scheduler" and imported_settings().config.evicts:
-        hooks.install("scheduler")
+    elif role == "scheduler":
+        parts = (*cpu_engine_parts(), *((EVICTION,) if imported_settings().config.evicts else ()))
+        if parts:
+            hooks.install("scheduler", parts)
+    elif role == "controller" and cpu_engine_parts():
+        hooks.install("controller", cpu_engine_parts())

@@ -127,7 +127,7 @@ def registered_function(target: str) -> Callable[..., Any]:
 
 
 def install(process: str, parts: tuple[str, ...] = manifest.PARTS) -> int:
-    """Apply every manifest entry of ``process`` ("main" or "scheduler") in ``parts`` not
+    """Apply every manifest entry of ``process`` ("main", "scheduler" or "controller") in ``parts`` not
     installed yet: check each target against its entry, register and apply the hooks,
     verify that each took effect, then run the installers of the SET targets. Exits the
     process on any failure. Returns the number of hooks and installers applied."""

@@ -50,16 +50,19 @@ KINDS = (BEFORE, AFTER, AROUND, REPLACE, SET, CALL, MIRROR, ROLE)
 HOOKED = (BEFORE, AFTER, AROUND, REPLACE)  # applied through SGLang's HookRegistry
 APPLIED = (*HOOKED, SET)  # each owns one function in patches/: a hook or an installer
 
-# "main": the HTTP server and tokenizer process; "scheduler"; "other": an SGLang child the
-# plugin leaves untouched (detokenizer, data-parallel controller), named only by role entries.
-PROCESSES = ("main", "scheduler", "other")
+# "main": the HTTP server and tokenizer process; "scheduler"; "controller": the data-parallel
+# controller (only the CPU engine's fixes apply there); "other": an SGLang child the plugin
+# leaves untouched (the detokenizer), named only by role entries.
+PROCESSES = ("main", "scheduler", "controller", "other")
 
 # The parts of the plugin, installed separately (``patches/entry.py``'s ``main_parts``): "flags"
 # (the --kv-* flag parser) at once in the main process; "guards" (the HTTP hardening,
 # patches/guards/) with --kv-guards on; "eviction" (everything else) unless --kv-policy none
 # and --kv-guards off, where the plugin steps aside and SGLang serves untouched.
-FLAGS, EVICTION, GUARDS = "flags", "eviction", "guards"
-PARTS = (FLAGS, EVICTION, GUARDS)
+# "cpu_engine" (patches/cpu_engine.py: fixes of SGLang's CPU engine, not of eviction) in
+# every process it names whenever SGLANG_USE_CPU_ENGINE=1, whatever the policy.
+FLAGS, EVICTION, GUARDS, CPU_ENGINE = "flags", "eviction", "guards", "cpu_engine"
+PARTS = (FLAGS, EVICTION, GUARDS, CPU_ENGINE)
 
 
 # The parameters of each backend's forward_decode and forward_extend.
@@ -256,15 +259,21 @@ MANIFEST: tuple[Target, ...] = (
            ("self",)),
     Target("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
            ".get_internal_state", AFTER, "scheduler", "live totals for GET /kv_policy", ("self", "recv_req")),
+    # ---- the CPU engine's fixes (SGLANG_USE_CPU_ENGINE=1, any policy) -------------------
+    Target("sglang.srt.managers.data_parallel_controller.DataParallelController.event_loop", REPLACE, "controller",
+           "SGLang's loop polls the tokenizer socket without blocking, so an idle --dp-size controller keeps a core "
+           "busy (half of a 2-core host's engine); ours waits on the socket with zmq poll and then drains it the "
+           "same way", ("self",), source_sha256="bc008a8481258e792dbb9c0d91d1883d89a30452472f233e1de5f0b9225b4051",
+           part=CPU_ENGINE),
     # ---- process roles: read by patches/entry.py before any hook is installed ----------
     Target("sglang.srt.managers.scheduler.run_scheduler_process", ROLE, "scheduler",
            "a scheduler (TP/PP rank) child runs it: the process applies the scheduler entries when the policy evicts",
            used_in="patches/entry.py"),
     Target("sglang.srt.managers.detokenizer_manager.run_detokenizer_process", ROLE, "other",
            "the detokenizer child runs it: nothing is applied there", used_in="patches/entry.py"),
-    Target("sglang.srt.managers.data_parallel_controller.run_data_parallel_controller_process", ROLE, "other",
-           "the data-parallel controller child runs it (its schedulers are found by their own entry): nothing is "
-           "applied there", used_in="patches/entry.py"),
+    Target("sglang.srt.managers.data_parallel_controller.run_data_parallel_controller_process", ROLE,
+           "controller", "the data-parallel controller child runs it (its schedulers are found by their own entry): "
+           "only the CPU engine's fixes are applied there", used_in="patches/entry.py"),
 )
 
 BY_TARGET: dict[str, Target] = {t.target: t for t in MANIFEST}

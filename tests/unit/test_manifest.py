@@ -37,9 +37,10 @@ def test_every_manifest_entry_has_its_hook_and_nothing_else_is_hooked() -> None:
     for entry in manifest.MANIFEST:
         assert entry.kind in manifest.KINDS and entry.process in manifest.PROCESSES and entry.why, entry
         assert (entry.process == "other") <= (entry.kind == manifest.ROLE), entry  # only a role names "other"
-    # Each process applies (or checks) its own entries in one loop; the other process's stay
-    # untouched, and the role entries are read before either.
-    assert {e.target for e in hooks.entries_for("main")} | {e.target for e in hooks.entries_for("scheduler")} == {
+    # Each process applies (or checks) its own entries in one loop; the other processes' stay
+    # untouched, and the role entries are read before any.
+    applying = [p for p in manifest.PROCESSES if p != "other"]
+    assert set().union(*({e.target for e in hooks.entries_for(p)} for p in applying)) == {
         e.target for e in manifest.MANIFEST if manifest.available(e) and e.kind != manifest.ROLE}
 
 
@@ -109,7 +110,7 @@ def test_a_changed_signature_or_source_fails_with_its_name(monkeypatch: pytest.M
 def test_pinned_sources_are_the_ones_we_reimplement_or_mirror() -> None:
     pinned = [t for t in manifest.MANIFEST if t.source_sha256]
     assert {t.target.rsplit(".", 1)[1] for t in pinned} == {
-        "_create_buffers_normal", "_get_running_request_total_token_offset",  # re-implemented
+        "_create_buffers_normal", "_get_running_request_total_token_offset", "event_loop",  # re-implemented
         "prepare_for_decode", "alloc_for_decode_default"}  # VaseScheduler.shrink_rows repeats their bookkeeping
     assert all(t.source_sha256 for t in manifest.MANIFEST if t.kind == manifest.MIRROR), "a mirror without its pin"
 
@@ -238,10 +239,14 @@ def test_the_process_role_comes_from_the_manifest(monkeypatch: pytest.MonkeyPatc
     def run_detokenizer_process() -> str:
         return entry.process_role()
 
+    def run_data_parallel_controller_process() -> str:
+        return entry.process_role()
+
     def launch_server() -> str:
         return entry.process_role()
 
-    assert (run_scheduler_process(), run_detokenizer_process(), launch_server()) == ("scheduler", "other", "main")
+    assert (run_scheduler_process(), run_detokenizer_process(), run_data_parallel_controller_process(),
+            launch_server()) == ("scheduler", "other", "controller", "main")
     # Rename the scheduler's entry: patches/entry.py follows the manifest, not a name of its own.
     target = "sglang.srt.managers.scheduler.run_scheduler_process"
     monkeypatch.setattr(manifest, "MANIFEST", tuple(

@@ -199,6 +199,18 @@ class GetInternalStateReqOutput(Protocol):
     internal_state: dict[str, Any]
 
 
+# ---- data-parallel controller process -------------------------------------------------------
+
+
+class DataParallelController(Protocol):
+    """What patches/cpu_engine.py's event loop uses, as SGLang's loop does."""
+
+    soft_watchdog: Any  # sglang.srt.utils.watchdog.Watchdog: feed()
+    recv_from_tokenizer: Any  # a zmq PULL socket
+
+    def _request_dispatcher(self, recv_req: Any) -> Any: ...
+
+
 # ---- main process ---------------------------------------------------------------------------
 
 
@@ -290,6 +302,7 @@ CONTRACTS: tuple[tuple[type, str], ...] = (
     (RuntimeContext, "sglang.srt.runtime_context.RuntimeContext"),
     (SchedulerOutputStreamer, "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"),
     (GetInternalStateReqOutput, "sglang.srt.managers.io_struct.GetInternalStateReqOutput"),
+    (DataParallelController, "sglang.srt.managers.data_parallel_controller.DataParallelController"),
     (TokenizerManager, "sglang.srt.managers.tokenizer_manager.TokenizerManager"),
     (GlobalState, "sglang.srt.entrypoints.http_server._GlobalState"),
     (ReqInput, "sglang.srt.managers.io_struct.GenerateReqInput"),
