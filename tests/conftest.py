@@ -12,6 +12,7 @@ needs; a ``gpu`` test is skipped where CUDA is missing.
 from __future__ import annotations
 
 import os
+import signal
 
 import torch
 
@@ -27,6 +28,17 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory):
     from vase_sglang.bundled.tiny_model import build_tiny_qwen3
 
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A SIGTERM (CI's timeout, a user's kill) would end pytest without running finalizers,
+    # leaving the test servers it started running; as an interrupt, pytest tears the
+    # fixtures down and each server is stopped by its process group.
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
