@@ -41,6 +41,17 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGTERM, _interrupt)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the background jobs of the selected tests (``support.background``)."""
+    from support.background import JOBS
+
+    if session.config.option.collectonly or not session.items:
+        return
+    factory: pytest.TempPathFactory = session.config._tmp_path_factory  # type: ignore[attr-defined]
+    session.config.add_cleanup(JOBS.kill_all)
+    JOBS.start(session.items, lambda name: factory.mktemp(f"background-{name}"))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

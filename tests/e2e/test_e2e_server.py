@@ -14,36 +14,43 @@ import pytest
 import requests
 import torch
 from support.constants import PROMPT, REGION, B, R
-from support.e2e import assert_matches_reference, greedy, launch, prefix_digests, tokens, wait_idle
+from support.e2e import assert_matches_reference, greedy, launch_each, prefix_digests, tokens, wait_idle
 
 pytestmark = pytest.mark.server
 
-def test_help_lists_kv_flags() -> None:
-    out = launch("--help")
+BAD_FLAGS = [
+    (("--kv-policy", "bogus"), "argument --kv-policy: invalid choice: 'bogus'"),
+    (("--kv-policy", "vase", "--kv-budget", "100", "--kv-recent", "64"),
+     "invalid --kv-budget 100: must be a multiple of recent=64"),
+    (("--kv-policy", "vase", "--kv-policy-config", '{"n_large": 9999}'), "invalid --kv-policy-config field 'n_large'"),
+    (("--kv-policy", "vase", "--enable-mixed-chunk", "--attention-backend", "torch_native"),
+     "--kv-policy vase cannot run with: --enable-mixed-chunk"),
+    (("--kv-policy", "vase", "--kv-telemetry", "maybe"), "argument --kv-telemetry: invalid choice: 'maybe'"),
+    (("--kv-policy", "none", "--kv-guards", "no"), "argument --kv-guards: invalid choice: 'no'"),
+]
+
+
+@pytest.fixture(scope="module")
+def command_lines(tiny_model) -> list:
+    """``python -m sglang.launch_server`` with --help, then with each of BAD_FLAGS (SGLang
+    imported once, each run in its own forked child: support.e2e.launch_each)."""
+    return launch_each(["--help"], *(["--model-path", str(tiny_model), "--device", "cpu", *args]
+                                     for args, _ in BAD_FLAGS))
+
+
+def test_help_lists_kv_flags(command_lines: list) -> None:
+    out = command_lines[0]
     assert out.returncode == 0, out.stderr[-2000:]
     for flag in ("--kv-policy", "--kv-budget", "--kv-recent", "--kv-seed", "--kv-policy-config", "--kv-calibration",
                  "--kv-telemetry", "--kv-stop-on-loop", "--kv-guards"):
         assert flag in out.stdout
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (("--kv-policy", "bogus"), "argument --kv-policy: invalid choice: 'bogus'"),
-        (("--kv-policy", "vase", "--kv-budget", "100", "--kv-recent", "64"),
-         "invalid --kv-budget 100: must be a multiple of recent=64"),
-        (("--kv-policy", "vase", "--kv-policy-config", '{"n_large": 9999}'),
-         "invalid --kv-policy-config field 'n_large'"),
-        (("--kv-policy", "vase", "--enable-mixed-chunk", "--attention-backend", "torch_native"),
-         "--kv-policy vase cannot run with: --enable-mixed-chunk"),
-        (("--kv-policy", "vase", "--kv-telemetry", "maybe"), "argument --kv-telemetry: invalid choice: 'maybe'"),
-        (("--kv-policy", "none", "--kv-guards", "no"), "argument --kv-guards: invalid choice: 'no'"),
-    ],
-)
-def test_bad_flags_exit_nonzero_with_a_clear_message(args: tuple, message: str, tiny_model) -> None:
-    out = launch("--model-path", str(tiny_model), "--device", "cpu", *args)
+@pytest.mark.parametrize("case", range(len(BAD_FLAGS)), ids=[m for _, m in BAD_FLAGS])
+def test_bad_flags_exit_nonzero_with_a_clear_message(case: int, command_lines: list) -> None:
+    out, message = command_lines[1 + case], BAD_FLAGS[case][1]
     assert out.returncode != 0
-    assert message in out.stderr
+    assert message in out.stderr, out.stderr[-2000:]
 
 
 def test_long_generation_stays_bounded_and_matches_full_cache_until_first_eviction(vase_server, none_server) -> None:

@@ -21,6 +21,52 @@ def launch(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, cwd="/")
 
 
+# Imports sglang.launch_server once, then runs it as ``python -m sglang.launch_server ARGS``
+# would, once per argument list in a forked child (the plugin loads in the child, after the
+# fork, as in a fresh process); prints each child's exit status, stdout and stderr as JSON.
+_LAUNCH_EACH = """
+import json, os, runpy, sys, tempfile, traceback
+import sglang.launch_server  # the slow part, done once
+results = []
+for args in json.loads(sys.argv[1]):
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        code = 0
+        try:
+            sys.argv = [sglang.launch_server.__file__, *args]
+            runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if not isinstance(exc.code, (int, type(None))):
+                print(exc.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    out.seek(0)
+    err.seek(0)
+    results.append({"returncode": status, "stdout": out.read(), "stderr": err.read()})
+print(json.dumps(results))
+"""
+
+
+def launch_each(*arg_lists: list[str], timeout: float = 600) -> list[subprocess.CompletedProcess]:
+    """``launch(*args)`` for each argument list, importing SGLang once for all of them: each
+    runs ``sglang.launch_server`` as ``__main__`` in a child forked after the import."""
+    proc = subprocess.run([sys.executable, "-c", _LAUNCH_EACH, json.dumps([list(a) for a in arg_lists])],
+                          env=cpu_env(), capture_output=True, text=True, timeout=timeout, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [subprocess.CompletedProcess(["sglang.launch_server", *a], r["returncode"], r["stdout"], r["stderr"])
+            for a, r in zip(arg_lists, runs, strict=True)]
+
+
 def greedy(server, n: int, input_ids=PROMPT, **extra) -> dict:
     body = {"input_ids": input_ids, "return_logprob": True,
             "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True, **extra}}

@@ -10,9 +10,11 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import triton
+from support.background import Finished, Job, background_job
 
 from vase_sglang import compile_check as cc
 from vase_sglang.kernels import compact, cur, evicted_mass, select, value_stat, window_attention
@@ -27,13 +29,19 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
                           env=env, timeout=1500)
 
 
+@background_job
+def compile_check_from_an_empty_cache(folder: Path) -> Job:
+    """``python -m vase_sglang.compile_check`` with a Triton cache of its own, empty."""
+    env = {**os.environ, "TRITON_CACHE_DIR": str(folder / "triton-cache")}
+    return Job([sys.executable, "-m", "vase_sglang.compile_check", "--json", str(folder / "report.json")], env=env,
+               timeout=1500)
+
+
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    tmp = tmp_path_factory.mktemp("compile")
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp / "triton-cache")}
-    run = _cli("--json", str(tmp / "report.json"), env=env)
+def report(compile_check_from_an_empty_cache: Finished) -> dict:
+    run = compile_check_from_an_empty_cache
     assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads((tmp / "report.json").read_text())
+    return json.loads((run.folder / "report.json").read_text())
 
 
 def test_every_kernel_compiles_for_every_architecture_within_its_limits(report: dict) -> None:

@@ -5,6 +5,7 @@ transformers 5.17, so that its first GPU call works."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support.background import Finished, Job, background_job
 
 KIT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_e2e"
 sys.path.insert(0, str(KIT))
@@ -168,28 +170,35 @@ def test_pack_builds_a_carry_within_the_limit_and_refuses_more(tmp_path: Path) -
     assert "vase_sglang/kernels/select.py" in names and not [n for n in names if "chain-qwen3" in n]
 
 
+@background_job
+def gpu_kit_rehearsal(folder: Path) -> Job:
+    """pack from this checkout, then rehearse.py with that carry."""
+    script = (f"{shlex.quote(str(KIT / 'pack'))} --out carry >pack.log 2>&1 || {{ cat pack.log >&2; exit 3; }}; "
+              f"exec {shlex.quote(sys.executable)} {shlex.quote(str(KIT / 'rehearse.py'))} --carry carry "
+              "--out rehearsal")
+    return Job(["bash", "-c", script], timeout=2400)
+
+
 @pytest.mark.server
-def test_cpu_rehearsal_of_the_whole_kit(tmp_path: Path) -> None:
+def test_cpu_rehearsal_of_the_whole_kit(gpu_kit_rehearsal: Finished) -> None:
     """pack from this checkout, then rehearse.py: the H200's packages, the carry, the import trace under
     a faked CUDA, and run.py on SGLang's CPU engine (bundled model in both arms; random weights with
-    kv_policy switched per request)."""
-    carry = tmp_path / "carry"
-    subprocess.run([str(KIT / "pack"), "--out", str(carry)], check=True, capture_output=True, timeout=1800)
-    proc = subprocess.run([sys.executable, str(KIT / "rehearse.py"), "--carry", str(carry), "--out",
-                           str(tmp_path / "rehearsal")], capture_output=True, text=True, timeout=2400)
+    kv_policy switched per request). Run in the background of the test run (``support.background``)."""
+    proc = gpu_kit_rehearsal
+    assert proc.returncode != 3, "pack failed: " + proc.stderr[-5000:]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    report = json.loads((tmp_path / "rehearsal" / "rehearsal.json").read_text())
+    report = json.loads((proc.folder / "rehearsal" / "rehearsal.json").read_text())
     trace = report["trace"]
     assert trace["failed"] == {} and trace["sgl_kernel_is_stand_in"] and trace["manifest_errors"] == []
     assert trace["versions"]["torch"].startswith("2.11.") and trace["versions"]["triton"] == "3.6.0"
     assert trace["versions"]["transformers"] == "5.17.0" and trace["versions"]["python"].startswith("3.12.")
     for name in ("bundled-arms", "dummy-switch"):
-        doc = json.loads((tmp_path / "rehearsal" / name / "gpu_e2e.json").read_text())
+        doc = json.loads((proc.folder / "rehearsal" / name / "gpu_e2e.json").read_text())
         checks = doc["checks"]
         assert checks["greedy_equal_before_first_round"] and checks["all_requests_completed"], checks
         assert checks["vase_rounds_run"] and checks["vase_region_within_bound"] and checks["vase_no_retractions"]
         assert doc["host"]["sglang"] == SGLANG_VERSION
-    arms = json.loads((tmp_path / "rehearsal" / "bundled-arms" / "gpu_e2e.json").read_text())
+    arms = json.loads((proc.folder / "rehearsal" / "bundled-arms" / "gpu_e2e.json").read_text())
     assert arms["settings"]["output_len"] == 300 and len(arms["runs"]) == 2
     # Separate servers, one pool that holds 2 full-cache requests, 6 sent: vase runs more of them at once.
     # (Not asserted in switch mode: there a per-request none is admitted under the vase server's clip.)

@@ -1,0 +1,123 @@
+"""Slow checks that are one self-contained command each, run in the background of a test run.
+
+A few tests only run a long command and read what it printed (the GPU kit's CPU rehearsal,
+the kernel tests under another Triton, the offline compile check). They need no server of
+the run and none of its state, so ``background_job`` declares the command once, and the
+run starts it when collection ends (``start``), at a lower CPU priority (``nice``), while
+the server tests run in front: those leave about a quarter of CI's two cores idle (waiting
+on start-ups and requests), which the command takes. Its test then only waits for the
+result. ``tests/e2e/conftest.py`` waits for every job before the first test that measures
+its own servers' speed, so nothing runs beside those.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+NICENESS = 10  # below the server tests: the job takes the cores they leave idle
+
+
+@dataclass(frozen=True)
+class Job:
+    argv: list[str]
+    env: dict[str, str] | None = None
+    timeout: float = 1800.0
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A job's end: its exit status, what it printed, and its folder (with what it wrote)."""
+
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    folder: Path
+
+
+# Fixture name -> the function that gives its job from a fresh folder.
+DECLARED: dict[str, Callable[[Path], Job]] = {}
+
+
+class Running:
+    """One started job: its process, its output files, its deadline."""
+
+    def __init__(self, name: str, job: Job, folder: Path):
+        self.name, self.job, self.folder = name, job, folder
+        self.stdout, self.stderr = folder / "stdout.txt", folder / "stderr.txt"
+        with self.stdout.open("w") as out, self.stderr.open("w") as err:
+            self.proc = subprocess.Popen(job.argv, env=job.env, cwd=folder, stdout=out, stderr=err, text=True,
+                                         start_new_session=True, preexec_fn=lambda: os.nice(NICENESS))
+        self.deadline = time.monotonic() + job.timeout
+        self.result: Finished | None = None
+
+    def wait(self) -> Finished:
+        if self.result is None:
+            try:
+                returncode = self.proc.wait(timeout=max(1.0, self.deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                returncode = self.proc.wait()
+                self.stderr.write_text(self.stderr.read_text() + f"\n[killed after {self.job.timeout:.0f} s]\n")
+            self.result = Finished(self.job.argv, returncode, self.stdout.read_text(), self.stderr.read_text(),
+                                   self.folder)
+        return self.result
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the job and whatever it started
+            except ProcessLookupError:
+                pass
+
+
+class Jobs:
+    """The jobs of one run: started together, waited for by their tests (or all at once)."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, Running] = {}
+
+    def start(self, items: list[pytest.Item], folder: Callable[[str], Path]) -> None:
+        used = {name for item in items for name in getattr(item, "fixturenames", ()) if name in DECLARED}
+        for name in sorted(used):
+            where = folder(name)
+            self.running[name] = Running(name, DECLARED[name](where), where)
+
+    def result(self, name: str) -> Finished:
+        return self.running[name].wait()
+
+    def wait_all(self) -> None:
+        for job in self.running.values():
+            job.wait()
+
+    def kill_all(self) -> None:
+        for job in self.running.values():
+            job.kill()
+
+
+JOBS = Jobs()
+
+
+def background_job(job: Callable[[Path], Job]) -> Any:
+    """Declares a session fixture, named after ``job``, whose value is the ``Finished``
+    ``job(folder)``, started in the background when the
+    run's collection ends (``folder`` is the job's own, which it may write in)."""
+    name = job.__name__
+    if name in DECLARED:
+        raise ValueError(f"two background jobs named {name}")
+    DECLARED[name] = job
+
+    def fixture() -> Finished:
+        return JOBS.result(name)
+
+    fixture.__doc__ = job.__doc__
+    return pytest.fixture(scope="session", name=name)(fixture)
