@@ -265,6 +265,14 @@ MANIFEST: tuple[Target, ...] = (
            "busy (half of a 2-core host's engine); ours waits on the socket with zmq poll and then drains it the "
            "same way", ("self",), source_sha256="bc008a8481258e792dbb9c0d91d1883d89a30452472f233e1de5f0b9225b4051",
            part=CPU_ENGINE),
+    Target("sglang.srt.distributed.parallel_state.init_model_parallel_group", BEFORE, "scheduler",
+           "SGLang turns PyNccl on for every model-parallel group but on NPU/XPU, and PyNccl needs CUDA: --tp-size N "
+           "failed on the CPU engine; no PyNccl, custom, MSCCL++ or symmetric-memory all-reduce, so collectives go "
+           "through torch.distributed over gloo", ("group_ranks", "local_rank", "backend", "use_pynccl",
+                                                   "use_custom_allreduce", "use_message_queue_broadcaster",
+                                                   "group_name", "use_mscclpp", "use_torch_symm_mem_allreduce",
+                                                   "recovered_rank", "rank_offset", "max_world_size"),
+           part=CPU_ENGINE),
     # ---- process roles: read by patches/entry.py before any hook is installed ----------
     Target("sglang.srt.managers.scheduler.run_scheduler_process", ROLE, "scheduler",
            "a scheduler (TP/PP rank) child runs it: the process applies the scheduler entries when the policy evicts",
