@@ -52,6 +52,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     JOBS.start(session.items, lambda name: factory.mktemp(f"background-{name}"))
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The next background job starts once the one before it has ended."""
+    from support.background import JOBS
+
+    JOBS.advance()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

@@ -24,7 +24,7 @@ from typing import Any
 
 import requests
 
-from .server_process import ServerError, ServerProcess, free_port, group_alive
+from .server_process import ServerError, ServerProcess, free_port, group_alive, keep_priority
 
 GATEWAY_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "least_load", "prefix_hash")
 
@@ -51,7 +51,7 @@ class Gateway:
     def start(self, timeout: float = 60.0) -> Gateway:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=keep_priority())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # SGLang's CPU engine, as documented in docs/cpu-mode.md.
@@ -25,6 +26,33 @@ MAX_REBINDS = 3
 
 class ServerError(Exception):
     """A server that exited or never became healthy; the message carries its log tail."""
+
+
+def autogroup_nice() -> int | None:
+    """The nice value of this process's scheduling group (a Linux autogroup: one per session),
+    or None where the kernel has none."""
+    try:
+        return int(Path("/proc/self/autogroup").read_text().rsplit("nice", 1)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def set_autogroup_nice(nice: int) -> None:
+    """Gives this process's scheduling group the nice value ``nice`` (no-op without autogroups)."""
+    try:
+        Path("/proc/self/autogroup").write_text(str(nice))
+    except OSError:
+        pass
+
+
+def keep_priority() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for a child started with ``start_new_session=True``: with autogroups each
+    session is its own scheduling group, so a niced parent's lower priority would count for
+    nothing against other sessions; the child's new group gets the parent's group's nice."""
+    nice = autogroup_nice()
+    if not nice:
+        return None
+    return lambda: set_autogroup_nice(nice)
 
 
 def free_port() -> int:
@@ -96,7 +124,8 @@ class ServerProcess:
     def launch(self) -> None:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.cmd, cwd=self.workdir, env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=keep_priority())
         self.pgid = self.proc.pid
 
     def wait_healthy(self, deadline: float) -> None:

@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--requests", type=int, default=24, metavar="N", help="requests sent at once per arm (24)")
     add("--time-budget", type=float, default=540.0, metavar="S", help="seconds for the whole run (540)")
     add("--startup-timeout", type=float, default=240.0, metavar="S")
+    add("--short-phase-timeout", type=float, default=120.0, metavar="S",
+        help="limit of the import of sglang and of each greedy request (120)")
     return p
 
 
@@ -414,7 +416,8 @@ def run_server(run: Run, label: str, model: Path, flags: list[str],
             res: dict[str, Any] = {}
             record["arms"][arm] = res
             ok, out = run.phase(f"{label}/{arm}: greedy request", lambda d, c=custom: generate(
-                server.url, prompt_ids(7, st.prompt_len, st.vocab), greedy_length(st), c, d), 120)
+                server.url, prompt_ids(7, st.prompt_len, st.vocab), greedy_length(st), c, d),
+                st.short_phase_timeout)
             if ok:
                 res["greedy_output_ids"] = out["output_ids"]
                 res["greedy_meta"] = {k: v for k, v in out["meta_info"].items() if k.startswith("kv_")}
@@ -503,7 +506,8 @@ def run_all(run: Run) -> int:
         if not ok or st.install_only:
             return 0 if ok else 1
         activate(st.target)
-    run.doc["host"]["sglang"] = run.phase("import sglang", lambda d: __import__("sglang").__version__, 120)[1]
+    run.doc["host"]["sglang"] = run.phase("import sglang", lambda d: __import__("sglang").__version__,
+                                          st.short_phase_timeout)[1]
     shapes = [st.shape] + ([st.fallback_shape] if st.fallback_shape not in ("off", st.shape) else [])
     for shape in shapes if st.model_path is None else ["(model path)"]:
         model = Path(st.model_path).resolve() if st.model_path else write_model(shape, st.workdir / f"model-{shape}")

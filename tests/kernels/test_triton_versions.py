@@ -44,7 +44,7 @@ def kernel_tests_on_triton_3_6(folder: Path) -> Job:
     """The kernel, round-cost and compile-check tests with triton 3.6 first on the path."""
     return Job([sys.executable, "-c", SCRIPT, OTHER_TRITON, str(cache_dir() / f"triton-{OTHER_TRITON}"),
                 *(str(TESTS / name) for name in ("test_kernels.py", "test_round_cost.py", "test_compile_check.py"))],
-               env={**os.environ}, timeout=1800)
+               env={**os.environ}, timeout=1800, expected_s=220)
 
 
 def test_kernels_pass_on_triton_3_6(kernel_tests_on_triton_3_6: Finished) -> None:

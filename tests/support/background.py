@@ -3,11 +3,14 @@
 A few tests only run a long command and read what it printed (the GPU kit's CPU rehearsal,
 the kernel tests under another Triton, the offline compile check). They need no server of
 the run and none of its state, so ``background_job`` declares the command once, and the
-run starts it when collection ends (``start``), at a lower CPU priority (``nice``), while
-the server tests run in front: those leave about a quarter of CI's two cores idle (waiting
-on start-ups and requests), which the command takes. Its test then only waits for the
-result. ``tests/e2e/conftest.py`` waits for every job before the first test that measures
-its own servers' speed, so nothing runs beside those.
+run starts the declared jobs when collection ends, one at a time, longest first (``Jobs``),
+at a lower CPU priority (``nice``), while the server tests run in front: those leave about
+a quarter of CI's two cores idle (waiting on start-ups and requests), which the job takes.
+One at a time, because jobs side by side on two cores starve each other's own time limits.
+The next job starts as the test run passes between tests (``Jobs.advance``, called from
+``tests/conftest.py``). A job's test only waits for its result. ``tests/e2e/conftest.py``
+waits for every job before the first test that measures its own servers' speed, so nothing
+runs beside those.
 """
 
 from __future__ import annotations
@@ -23,7 +26,17 @@ from typing import Any
 
 import pytest
 
-NICENESS = 10  # below the server tests: the job takes the cores they leave idle
+from vase_sglang.server_process import set_autogroup_nice
+
+NICENESS = 19  # below the server tests: the job takes the cores they leave idle
+
+
+def _lower_priority() -> None:
+    """Runs in the job's child: nice, and so is its session's scheduling group (with Linux
+    autogroups, a nice process in a session of its own would otherwise get the same share of
+    the cores as each server test's session); the servers it starts keep it (``keep_priority``)."""
+    os.nice(NICENESS)
+    set_autogroup_nice(NICENESS)
 
 
 @dataclass(frozen=True)
@@ -31,6 +44,7 @@ class Job:
     argv: list[str]
     env: dict[str, str] | None = None
     timeout: float = 1800.0
+    expected_s: float = 60.0  # about how long it runs alone: the longest start first
 
 
 @dataclass(frozen=True)
@@ -56,7 +70,7 @@ class Running:
         self.stdout, self.stderr = folder / "stdout.txt", folder / "stderr.txt"
         with self.stdout.open("w") as out, self.stderr.open("w") as err:
             self.proc = subprocess.Popen(job.argv, env=job.env, cwd=folder, stdout=out, stderr=err, text=True,
-                                         start_new_session=True, preexec_fn=lambda: os.nice(NICENESS))
+                                         start_new_session=True, preexec_fn=_lower_priority)
         self.deadline = time.monotonic() + job.timeout
         self.result: Finished | None = None
 
@@ -81,25 +95,48 @@ class Running:
 
 
 class Jobs:
-    """The jobs of one run: started together, waited for by their tests (or all at once)."""
+    """The jobs of one run, in a queue: one runs at a time; a test waits only for its own."""
 
     def __init__(self) -> None:
+        self.queue: list[tuple[str, Job, Path]] = []
         self.running: dict[str, Running] = {}
 
     def start(self, items: list[pytest.Item], folder: Callable[[str], Path]) -> None:
         used = {name for item in items for name in getattr(item, "fixturenames", ()) if name in DECLARED}
         for name in sorted(used):
             where = folder(name)
-            self.running[name] = Running(name, DECLARED[name](where), where)
+            self.queue.append((name, DECLARED[name](where), where))
+        self.queue.sort(key=lambda entry: -entry[1].expected_s)
+        self.advance()
+
+    def advance(self) -> None:
+        """Starts the next job when none is running (cheap: called between tests); stops one
+        that ran past its time limit."""
+        for started in self.running.values():
+            if started.proc.poll() is None and time.monotonic() > started.deadline:
+                started.wait()
+        if self.queue and all(r.proc.poll() is not None for r in self.running.values()):
+            name, job, where = self.queue.pop(0)
+            self.running[name] = Running(name, job, where)
 
     def result(self, name: str) -> Finished:
+        if name not in self.running and name not in (queued for queued, _, _ in self.queue):
+            raise KeyError(f"background job {name} was not started for this run")
+        while name not in self.running:
+            self.wait_all(until=name)
         return self.running[name].wait()
 
-    def wait_all(self) -> None:
-        for job in self.running.values():
-            job.wait()
+    def wait_all(self, until: str | None = None) -> None:
+        """Runs the queue to its end (or until ``until`` has started), waiting for each job."""
+        while True:
+            for job in self.running.values():
+                job.wait()
+            if not self.queue or until in self.running:
+                return
+            self.advance()
 
     def kill_all(self) -> None:
+        self.queue.clear()
         for job in self.running.values():
             job.kill()
 

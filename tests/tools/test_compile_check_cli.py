@@ -34,7 +34,7 @@ def compile_check_from_an_empty_cache(folder: Path) -> Job:
     """``python -m vase_sglang.compile_check`` with a Triton cache of its own, empty."""
     env = {**os.environ, "TRITON_CACHE_DIR": str(folder / "triton-cache")}
     return Job([sys.executable, "-m", "vase_sglang.compile_check", "--json", str(folder / "report.json")], env=env,
-               timeout=1500)
+               timeout=1500, expected_s=120)
 
 
 @pytest.fixture(scope="module")
