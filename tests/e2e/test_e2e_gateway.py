@@ -4,7 +4,7 @@
   workers sharing it behind the gateway (each its core share, as many OpenMP threads and a
   passive wait policy: ``server_process.cpu_share_env``), with cache-aware routing and
   round-robin, on two workloads: 16 shared prefixes x 3 questions (16 tokens each) and 8
-  long outputs (200 tokens), 4 clients. The one server is also measured through a
+  long outputs (200 tokens; only when ``VASE_RESULTS`` is set), 4 clients. The one server is also measured through a
   one-worker gateway, for the gateway's own overhead. All of them are up at once (an idle
   server uses about 4 % of a core) and each round runs every configuration back to back,
   from empty radix trees, so that the ratio of a round compares runs made seconds apart:
@@ -76,6 +76,9 @@ WORKLOADS = {
     "shared_prefix": [(p + " " + q, 16) for q in QUESTIONS for p in PREFIXES],
     "long_output": [(f"Story {i}: " + PREFIXES[i][:80], LONG_TOKENS) for i in range(8)],
 }
+# The long-output ratio is recorded, never bounded (see the test), so it is measured only when
+# the figures are written (``VASE_RESULTS``, scripts/reliability.sh): it is most of the time.
+MEASURED = tuple(WORKLOADS) if os.environ.get("VASE_RESULTS") else ("shared_prefix",)
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +146,7 @@ class Config:
 def _interleaved(configs: dict[str, Config]) -> None:
     """REPEATS rounds; each runs every workload on every configuration, back to back."""
     for _ in range(REPEATS):
-        for workload in WORKLOADS:
+        for workload in MEASURED:
             for config in configs.values():
                 config.run(workload)
 
@@ -175,16 +178,16 @@ def test_two_workers_are_no_slower_than_one_server_and_route_by_prefix(cluster, 
 
     ratios = {workload: {"cache_aware": ratio("cache_aware", workload), "round_robin": ratio("round_robin", workload),
                          "gateway_overhead": ratio("one_server_through_gateway", workload)}
-              for workload in WORKLOADS}
+              for workload in MEASURED}
     results = {name: {"gateway_cpu_seconds": round(c.gateway_cpu_seconds, 2) if c.gateway else None,
-                      **{workload: c.figures(workload) for workload in WORKLOADS}}
+                      **{workload: c.figures(workload) for workload in MEASURED}}
                for name, c in configs.items()}
     figures = {"cores": os.cpu_count(), "workers": len(cluster.workers),
                "worker_env": [{k: w.env[k] for k in ("SGLANG_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS",
                                                      "OMP_WAIT_POLICY")} for w in cluster.workers],
                "workloads": {name: {"requests": len(jobs), "max_tokens": jobs[0][1], "clients": 4,
                                     "rounds": REPEATS}
-                             for name, jobs in WORKLOADS.items()},
+                             for name, jobs in WORKLOADS.items() if name in MEASURED},
                "configurations": results, "time_ratio_to_one_server": ratios, "bound": SCALING_BOUND}
     record("gateway/gateway", figures)
     aware, rr = results["cache_aware"]["shared_prefix"], results["round_robin"]["shared_prefix"]

@@ -5,7 +5,7 @@ converted once into the cache, so a second run costs nothing). 30 layers, 9 q / 
 a real GQA model, where a wrong kept set or position shows at once in the log-probs.
 
 What it shows: the region stays within B + R through 600+ generated tokens; the greedy
-tokens before the first round equal ``--kv-policy none``; after many rounds the server's
+tokens before the first round equal a ``kv_policy: none`` request's; after many rounds the server's
 log-probs equal the batched teacher-forced loop that the fidelity sweep runs on
 (``vase_sglang.fidelity.loop``), same policy, seed and round index.
 """
@@ -13,6 +13,7 @@ log-probs equal the batched teacher-forced loop that the fidelity sweep runs on
 from __future__ import annotations
 
 import pytest
+import requests
 import torch
 from support.e2e import greedy, tokens, wait_idle
 
@@ -52,28 +53,26 @@ def vase_smollm2(request, smollm2, server_dir):
 
 
 @pytest.fixture(scope="module")
-def none_smollm2(request, smollm2, server_dir):
-    from support.server import start_server
-
-    return start_server(request, "smollm2-none", smollm2, server_dir, "--kv-policy", "none")
-
-
-@pytest.fixture(scope="module")
 def vase_output(vase_smollm2, prompt_ids) -> dict:
     return greedy(vase_smollm2, N_NEW, input_ids=prompt_ids)
 
 
 def test_region_stays_bounded_and_matches_the_full_cache_until_the_first_round(
-        vase_smollm2, none_smollm2, vase_output, prompt_ids) -> None:
+        vase_smollm2, vase_output, prompt_ids) -> None:
     meta = vase_output["meta_info"]
     assert meta["completion_tokens"] == N_NEW
     assert meta["kv_region_len"] <= REGION
     assert meta["kv_eviction_rounds"] >= 10
     assert meta["kv_evicted_tokens"] == R * meta["kv_eviction_rounds"]
-    full = greedy(none_smollm2, REGION + 8, input_ids=prompt_ids)
+    # The full cache: the same server with kv_policy none for this request, from an empty radix
+    # tree (a cached prompt would prefill one token instead of all, which moves fp32 sums).
+    assert wait_idle(vase_smollm2) == 0
+    requests.post(vase_smollm2.url + "/flush_cache", timeout=30).raise_for_status()
+    full = greedy(vase_smollm2, REGION + 8, input_ids=prompt_ids, custom_params={"kv_policy": "none"})
     # Prefill gives token 1 and step j feeds token j: tokens 1 .. REGION + 1 precede any round.
     assert tokens(vase_output)[: REGION + 1] == tokens(full)[: REGION + 1]
-    assert wait_idle(vase_smollm2) == 0 and wait_idle(none_smollm2) == 0
+    assert full["meta_info"].get("kv_eviction_rounds", 0) == 0
+    assert wait_idle(vase_smollm2) == 0
 
 
 def test_logprobs_after_rounds_match_the_batched_reference_loop(smollm2, vase_output, prompt_ids) -> None:
