@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.background import JOBS
 from support.constants import ADMISSION_POOL, LOAD_POOL, VASE_ARGS
 from support.e2e import oracle_env
 from support.server import ServerConfig, ServerPool, shared_server
@@ -19,7 +18,6 @@ from support.telemetry import write_tiny_calibration
 
 POOL = pytest.StashKey[ServerPool]()
 CURRENT = pytest.StashKey[pytest.Item]()
-POOLED_PATHS = pytest.StashKey[set[Path]]()  # the modules whose tests use shared servers
 
 
 @pytest.fixture(scope="session")
@@ -50,15 +48,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ordered = sorted((items[i] for i in slots), key=lambda item: item.path not in pooled)
     for i, item in zip(slots, ordered, strict=True):
         items[i] = item
-    if items:
-        items[0].config.stash[POOLED_PATHS] = pooled
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     item.config.stash[CURRENT] = item
-    if item.path not in item.config.stash.get(POOLED_PATHS, set()):
-        JOBS.wait_all()  # this module starts and may measure its own servers: nothing runs beside it
     pool = item.config.stash.get(POOL, None)
     if pool is not None:
         pool.before(item)

@@ -8,9 +8,8 @@ at a lower CPU priority (``nice``), while the server tests run in front: those l
 a quarter of CI's two cores idle (waiting on start-ups and requests), which the job takes.
 One at a time, because jobs side by side on two cores starve each other's own time limits.
 The next job starts as the test run passes between tests (``Jobs.advance``, called from
-``tests/conftest.py``). A job's test only waits for its result. ``tests/e2e/conftest.py``
-waits for every job before the first test that measures its own servers' speed, so nothing
-runs beside those.
+``tests/conftest.py``). A job's test only waits for its result; until then the job runs
+beside whatever tests come, taking only the CPU they leave.
 """
 
 from __future__ import annotations
