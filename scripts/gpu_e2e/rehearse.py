@@ -147,13 +147,13 @@ def _rehearse(report: dict, python: str, base: Path, carry: Path, out: Path, tar
     # Time limits far above the GPU run's: a rehearsal checks that the kit works, not how fast, and
     # the test run rehearses at the lowest CPU priority beside its server tests (support.background).
     common = [*run, "--no-install", "--budget", "64", "--recent", "32", "--prompt-len", "16",
-              "--startup-timeout", "900", "--short-phase-timeout", "600", "--time-budget", "1500"]
+              "--startup-timeout", "2400", "--short-phase-timeout", "1200", "--time-budget", "5400"]
     arms = step(report, "bundled model, none and vase servers, 300 tokens",
                 [*common, "--model-path", str(model), "--output-len", "300", "--requests", "6", "--fits", "2",
-                 "--out", str(out / "bundled-arms")], env, 1600, out)
+                 "--out", str(out / "bundled-arms")], env, 5500, out)
     switch = step(report, "random weights (--load-format dummy), one server switching kv_policy per request",
                   [*common, "--shape", "tiny", "--fallback-shape", "off", "--mode", "switch", "--output-len", "256",
-                   "--requests", "4", "--fits", "1", "--out", str(out / "dummy-switch")], env, 1600, out)
+                   "--requests", "4", "--fits", "1", "--out", str(out / "dummy-switch")], env, 5500, out)
     report["ok"] = all(x is not None for x in (installed, trace, arms, switch))
     (out / "rehearsal.json").write_text(json.dumps(report, indent=2) + "\n")
     return report

@@ -177,7 +177,7 @@ def gpu_kit_rehearsal(folder: Path) -> Job:
     script = (f"{shlex.quote(str(KIT / 'pack'))} --out carry >pack.log 2>&1 || {{ cat pack.log >&2; exit 3; }}; "
               f"exec {shlex.quote(sys.executable)} {shlex.quote(str(KIT / 'rehearse.py'))} --carry carry "
               "--out rehearsal")
-    return Job(["bash", "-c", script], timeout=4000, expected_s=420)
+    return Job(["bash", "-c", script], timeout=12600, expected_s=420)
 
 
 @pytest.mark.server
