@@ -121,18 +121,11 @@ class Jobs:
     def result(self, name: str) -> Finished:
         if name not in self.running and name not in (queued for queued, _, _ in self.queue):
             raise KeyError(f"background job {name} was not started for this run")
-        while name not in self.running:
-            self.wait_all(until=name)
-        return self.running[name].wait()
-
-    def wait_all(self, until: str | None = None) -> None:
-        """Runs the queue to its end (or until ``until`` has started), waiting for each job."""
-        while True:
-            for job in self.running.values():
-                job.wait()
-            if not self.queue or until in self.running:
-                return
+        while name not in self.running:  # the jobs queued before it run first
+            for started in self.running.values():
+                started.wait()
             self.advance()
+        return self.running[name].wait()
 
     def kill_all(self) -> None:
         self.queue.clear()
